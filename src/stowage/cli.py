@@ -1,0 +1,88 @@
+"""The `stowage` command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from stowage import __version__
+
+app = typer.Typer(help="Stowage: a compute cloud control plane that speaks the OpenStack APIs.")
+console = Console()
+err = Console(stderr=True)
+
+StateDir = Annotated[
+    Path,
+    typer.Option("--state-dir", help="State directory of a cloud started by `stowage up`."),
+]
+DbUrl = Annotated[
+    str | None,
+    typer.Option("--db", help="Ledger database URL (sqlite:///PATH or postgresql://...)."),
+]
+
+
+def _ledger_url(state_dir: Path, db: str | None) -> str:
+    from stowage.ledger.db import default_url
+
+    if db:
+        return db
+    path = state_dir / "ledger.db"
+    if not path.exists():
+        err.print(f"[red]No ledger at {path}[/red]: give --state-dir of a cloud, or --db URL.")
+        raise typer.Exit(2)
+    return default_url(state_dir)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    console.print(__version__)
+
+
+@app.command()
+def audit(state_dir: StateDir = Path(".stowage"), db: DbUrl = None) -> None:
+    """Check the ledger's invariants; exit 1 with a report when any fails."""
+    from stowage.ledger import Ledger
+    from stowage.ledger import audit as run_audit
+
+    ledger = Ledger.open(_ledger_url(state_dir, db), upgrade=False)
+    try:
+        violations = run_audit(ledger)
+    finally:
+        ledger.close()
+    if not violations:
+        console.print(
+            "[green]ledger clean[/green]: no pCPU held twice, no group policy broken, "
+            "usage equals the sum of claims, no claim without a consumer"
+        )
+        return
+    console.print(f"[red]{len(violations)} invariant violation(s)[/red]")
+    for v in violations:
+        console.print(f"  {v}", markup=False, highlight=False)
+    raise typer.Exit(1)
+
+
+@app.command("db-upgrade")
+def db_upgrade(state_dir: StateDir = Path(".stowage"), db: DbUrl = None) -> None:
+    """Create or upgrade the ledger schema to the newest revision."""
+    from stowage.ledger import make_engine, migrate
+    from stowage.ledger.db import default_url
+
+    if db is None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    url = db or default_url(state_dir)
+    engine = make_engine(url)
+    migrate(engine)
+    engine.dispose()
+    console.print(f"ledger at revision head: {engine.url.render_as_string(hide_password=True)}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

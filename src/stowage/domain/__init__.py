@@ -1,0 +1,1 @@
+"""The pure domain: topology, NUMA fitting, server groups, errors. No I/O."""

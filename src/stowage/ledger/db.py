@@ -1,0 +1,74 @@
+"""Engines for the ledger: SQLite (WAL, immediate write transactions) or PostgreSQL by URL."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+
+__all__ = ["READONLY", "default_url", "make_engine", "migrate", "sqlite_url"]
+
+# Execution option for read transactions: on SQLite they begin DEFERRED and do not wait
+# for the writer lock.
+READONLY = {"stowage_readonly": True}
+
+_HERE = Path(__file__).resolve().parent
+
+
+def sqlite_url(path: Path | str) -> str:
+    return f"sqlite:///{Path(path).resolve()}"
+
+
+def default_url(state_dir: Path | str) -> str:
+    """The ledger `stowage up` keeps in its state directory, unless STOWAGE_DB_URL says so."""
+    env = os.environ.get("STOWAGE_DB_URL")
+    return env or sqlite_url(Path(state_dir) / "ledger.db")
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+    """An engine tuned for the claim path. `postgresql://` URLs use psycopg 3."""
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 60.0})
+        _tune_sqlite(engine)
+        return engine
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+
+
+def _tune_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not the driver, decide where transactions begin.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # A write transaction takes the lock at BEGIN, so it never fails on lock upgrade.
+        readonly = conn.get_execution_options().get("stowage_readonly", False)
+        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_HERE / "migrations"))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to `revision` (idempotent)."""
+    cfg = alembic_config(engine.url.render_as_string(hide_password=False))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)

@@ -1,0 +1,834 @@
+"""The ledger: hosts, groups and claims, each change one transaction the database guards."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Engine, bindparam, delete, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from stowage.domain.claims import Claim, ClaimOutcome, ConsumerKind, RefusalCode
+from stowage.domain.errors import NotFound
+from stowage.domain.groups import GroupPolicy, ServerGroup
+from stowage.domain.numa import HostFree
+from stowage.domain.topology import (
+    DEFAULT_ALLOCATION_RATIOS,
+    Cell,
+    HostSpec,
+    HostTopology,
+    ResourceClass,
+)
+from stowage.ledger.db import READONLY, make_engine, migrate
+from stowage.ledger.schema import (
+    allocations,
+    cells,
+    changes,
+    consumers,
+    group_members,
+    group_slots,
+    hosts,
+    inventories,
+    numa_claims,
+    pcpus,
+    pins,
+    server_groups,
+)
+from stowage.scheduling.view import HostGroups, HostState, View
+
+__all__ = ["Ledger", "topology_from_json", "topology_to_json"]
+
+# How often a whole batch is retried after a deadlock or serialization failure.
+_BATCH_RETRIES_MAX = 5
+
+
+class _Refusal(Exception):
+    """A claim the ledger refuses before the database has to."""
+
+    def __init__(self, code: RefusalCode, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class Ledger:
+    """Every claim, release and move is one transaction here; nothing else writes claims."""
+
+    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self.clock = clock
+        self._pg = engine.dialect.name == "postgresql"
+        self._topologies: dict[str, HostTopology] = {}
+
+    @classmethod
+    def open(cls, url: str, *, upgrade: bool = True) -> Ledger:
+        engine = make_engine(url)
+        if upgrade:
+            migrate(engine)
+        return cls(engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- hosts and groups -------------------------------------------------------------
+
+    def register_host(self, spec: HostSpec) -> int:
+        """Record a host with its topology and inventories; returns its id (idempotent)."""
+        with self.engine.begin() as conn:
+            found = conn.execute(select(hosts.c.id).where(hosts.c.name == spec.name)).scalar()
+            if found is not None:
+                return int(found)
+            host_id = int(
+                conn.execute(
+                    insert(hosts).returning(hosts.c.id),
+                    {
+                        "uuid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-host:{spec.name}")),
+                        "name": spec.name,
+                        "availability_zone": spec.availability_zone,
+                        "labels": json.dumps(dict(spec.labels), sort_keys=True),
+                        "hypervisor_type": spec.hypervisor_type,
+                        "architecture": spec.architecture,
+                        "topology": topology_to_json(spec.topology),
+                        "disabled": False,
+                        "forced_down": False,
+                        "last_seen": self.clock(),
+                        "generation": 0,
+                    },
+                ).scalar_one()
+            )
+            self._insert_host_rows(conn, host_id, spec)
+            conn.execute(insert(changes), {"host_id": host_id, "at": self.clock()})
+            return host_id
+
+    def register_hosts(self, specs: Sequence[HostSpec]) -> list[int]:
+        """Bulk registration for large simulated clouds (one transaction)."""
+        ids: list[int] = []
+        with self.engine.begin() as conn:
+            for spec in specs:
+                host_id = int(
+                    conn.execute(
+                        insert(hosts).returning(hosts.c.id),
+                        {
+                            "uuid": str(
+                                uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-host:{spec.name}")
+                            ),
+                            "name": spec.name,
+                            "availability_zone": spec.availability_zone,
+                            "labels": json.dumps(dict(spec.labels), sort_keys=True),
+                            "hypervisor_type": spec.hypervisor_type,
+                            "architecture": spec.architecture,
+                            "topology": topology_to_json(spec.topology),
+                            "disabled": False,
+                            "forced_down": False,
+                            "last_seen": self.clock(),
+                            "generation": 0,
+                        },
+                    ).scalar_one()
+                )
+                self._insert_host_rows(conn, host_id, spec)
+                ids.append(host_id)
+            conn.execute(insert(changes), [{"host_id": h, "at": self.clock()} for h in ids])
+        return ids
+
+    def _insert_host_rows(self, conn: Connection, host_id: int, spec: HostSpec) -> None:
+        topo = spec.topology
+        conn.execute(
+            insert(cells),
+            [
+                {"host_id": host_id, "cell_id": c.id, "memory_mb": c.memory_mb, "memory_mb_used": 0}
+                for c in topo.cells
+            ],
+        )
+        conn.execute(
+            insert(pcpus),
+            [
+                {
+                    "host_id": host_id,
+                    "cpu_id": cpu,
+                    "cell_id": c.id,
+                    "dedicated": cpu in topo.cpu_dedicated_set,
+                }
+                for c in topo.cells
+                for cpu in sorted(c.cpus)
+            ],
+        )
+        rows = []
+        for rc, total in spec.totals().items():
+            if total <= 0:
+                continue
+            rows.append(
+                {
+                    "host_id": host_id,
+                    "resource_class": rc.value,
+                    "total": total,
+                    "reserved": spec.reserved.get(rc, 0),
+                    "allocation_ratio": spec.allocation_ratios.get(
+                        rc, DEFAULT_ALLOCATION_RATIOS[rc]
+                    ),
+                    "min_unit": 1,
+                    "max_unit": total,
+                    "step_size": 1,
+                    "used": 0,
+                }
+            )
+        conn.execute(insert(inventories), rows)
+
+    def set_host_state(
+        self,
+        name: str,
+        *,
+        disabled: bool | None = None,
+        forced_down: bool | None = None,
+        last_seen: float | None = None,
+    ) -> None:
+        values: dict[str, Any] = {}
+        if disabled is not None:
+            values["disabled"] = disabled
+        if forced_down is not None:
+            values["forced_down"] = forced_down
+        if last_seen is not None:
+            values["last_seen"] = last_seen
+        with self.engine.begin() as conn:
+            host_id = conn.execute(
+                update(hosts).where(hosts.c.name == name).values(**values).returning(hosts.c.id)
+            ).scalar()
+            if host_id is None:
+                raise NotFound(f"host {name!r} not found")
+            conn.execute(insert(changes), {"host_id": host_id, "at": self.clock()})
+
+    def host_id(self, name: str) -> int:
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            found = conn.execute(select(hosts.c.id).where(hosts.c.name == name)).scalar()
+        if found is None:
+            raise NotFound(f"host {name!r} not found")
+        return int(found)
+
+    def create_group(self, group: ServerGroup) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                insert(server_groups),
+                {
+                    "id": group.id,
+                    "name": group.name,
+                    "policy": group.policy.value,
+                    "max_per_domain": group.max_per_domain,
+                    "failure_domain": group.failure_domain,
+                    "rules": json.dumps(dict(group.rules), sort_keys=True),
+                    "project_id": group.project_id,
+                    "user_id": group.user_id,
+                    "created_at": self.clock(),
+                },
+            )
+
+    def get_group(self, group_id: str) -> ServerGroup:
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            row = conn.execute(select(server_groups).where(server_groups.c.id == group_id)).first()
+        if row is None:
+            raise NotFound(f"server group {group_id} not found")
+        return _group_from_row(row._mapping)
+
+    # -- claims -----------------------------------------------------------------------
+
+    def claim(self, batch: Sequence[Claim], *, writer: str | None = None) -> list[ClaimOutcome]:
+        """Commit a batch of claims, sharing one commit; each claim stays all or nothing.
+
+        The whole batch is tried at once. If the database refuses any part of it, the
+        transaction is rolled back and the claims are replayed one savepoint each, so the
+        good ones still commit together and each refused one says why.
+        """
+        if not batch:
+            return []
+        for attempt in range(_BATCH_RETRIES_MAX):
+            try:
+                with self.engine.begin() as conn:
+                    self._lock_hosts(conn, {c.host_id for c in batch}, writer)
+                    self._write_claims(conn, batch)
+                return [ClaimOutcome(c.consumer_id, c.host_id, True) for c in batch]
+            except (IntegrityError, _Refusal):
+                break
+            except OperationalError as exc:
+                if not _retryable(exc) or attempt == _BATCH_RETRIES_MAX - 1:
+                    raise
+        for attempt in range(_BATCH_RETRIES_MAX):
+            try:
+                return self._claim_one_by_one(batch, writer)
+            except OperationalError as exc:
+                if not _retryable(exc) or attempt == _BATCH_RETRIES_MAX - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _claim_one_by_one(self, batch: Sequence[Claim], writer: str | None) -> list[ClaimOutcome]:
+        outcomes: list[ClaimOutcome] = []
+        with self.engine.begin() as conn:
+            # A refused claim leaves its host's view stale, so its change is not the writer's.
+            self._lock_hosts(conn, {c.host_id for c in batch}, None)
+            for claim in batch:
+                try:
+                    with conn.begin_nested():
+                        self._write_claims(conn, [claim])
+                    outcomes.append(ClaimOutcome(claim.consumer_id, claim.host_id, True))
+                except _Refusal as refusal:
+                    outcomes.append(
+                        ClaimOutcome(
+                            claim.consumer_id, claim.host_id, False, refusal.code, refusal.reason
+                        )
+                    )
+                except IntegrityError as exc:
+                    code, reason = _explain(exc, claim)
+                    outcomes.append(
+                        ClaimOutcome(claim.consumer_id, claim.host_id, False, code, reason)
+                    )
+        return outcomes
+
+    def _lock_hosts(
+        self, conn: Connection, host_ids: Iterable[int], writer: str | None = None
+    ) -> None:
+        """Bump each host's generation in id order: the first lock every writer takes."""
+        ordered = sorted(host_ids)
+        result = conn.execute(_BUMP_HOST, [{"b_host": h} for h in ordered])
+        if result.rowcount != len(ordered):
+            raise _Refusal(RefusalCode.UNKNOWN_RESOURCE, "claim names a host the ledger lacks")
+        now = self.clock()
+        conn.execute(
+            insert(changes), [{"host_id": h, "at": now, "writer": writer} for h in ordered]
+        )
+
+    def _write_claims(self, conn: Connection, batch: Sequence[Claim]) -> None:
+        now = self.clock()
+        instance_rows = [_consumer_row(c, now) for c in batch if c.kind is ConsumerKind.INSTANCE]
+        migration_rows = [_consumer_row(c, now) for c in batch if c.kind is ConsumerKind.MIGRATION]
+        if instance_rows:
+            placed = conn.execute(self._upsert_instance(), instance_rows).all()
+            if len(placed) != len(instance_rows):
+                raise _Refusal(
+                    RefusalCode.CONSUMER_PLACED, "the instance already holds a claim on a host"
+                )
+        if migration_rows:
+            conn.execute(insert(consumers), migration_rows)
+        members = [
+            {"group_id": g, "instance_id": c.instance_id} for c in batch for g in c.member_of
+        ]
+        if members:
+            conn.execute(self._insert_ignore(group_members), members)
+        usage = sorted(
+            ((c.host_id, rc.value, amount) for c in batch for rc, amount in c.amounts.items()),
+        )
+        if usage:
+            result = conn.execute(
+                _USE_INVENTORY, [{"b_host": h, "b_rc": rc, "b_amt": a} for h, rc, a in usage]
+            )
+            if result.rowcount != len(usage):
+                raise _Refusal(
+                    RefusalCode.UNKNOWN_RESOURCE, "claim names a resource class the host lacks"
+                )
+            conn.execute(
+                insert(allocations),
+                [
+                    {
+                        "consumer_id": c.consumer_id,
+                        "host_id": c.host_id,
+                        "resource_class": rc.value,
+                        "amount": amount,
+                    }
+                    for c in batch
+                    for rc, amount in c.amounts.items()
+                ],
+            )
+        numa = sorted(
+            (c.host_id, cell.host_cell, cell.memory_mb, cell.guest_cell, c.consumer_id)
+            for c in batch
+            for cell in c.fit.cells
+        )
+        if numa:
+            conn.execute(
+                _USE_CELL, [{"b_host": h, "b_cell": cell, "b_mem": m} for h, cell, m, _, _ in numa]
+            )
+            conn.execute(
+                insert(numa_claims),
+                [
+                    {
+                        "consumer_id": consumer,
+                        "host_id": h,
+                        "cell_id": cell,
+                        "guest_cell": guest,
+                        "memory_mb": m,
+                    }
+                    for h, cell, m, guest, consumer in numa
+                ],
+            )
+        pin_rows = sorted(
+            (
+                (c.host_id, cpu, c.consumer_id, vcpu)
+                for c in batch
+                for cell in c.fit.cells
+                for cpu, vcpu in _pins_with_withheld(cell.pins, cell.withheld)
+            ),
+            key=lambda r: (r[0], r[1]),
+        )
+        if pin_rows:
+            conn.execute(
+                insert(pins),
+                [
+                    {
+                        "host_id": h,
+                        "cpu_id": cpu,
+                        "consumer_id": cons,
+                        "guest_vcpu": vcpu,
+                        "dedicated": True,
+                    }
+                    for h, cpu, cons, vcpu in pin_rows
+                ],
+            )
+        slot_rows = sorted(
+            (s.group_id, s.domain, s.slot, s.max_per_domain, c.consumer_id, c.host_id)
+            for c in batch
+            for s in c.slots
+        )
+        if slot_rows:
+            conn.execute(
+                insert(group_slots),
+                [
+                    {
+                        "group_id": g,
+                        "domain": d,
+                        "slot": s,
+                        "max_per_domain": m,
+                        "consumer_id": cons,
+                        "host_id": h,
+                    }
+                    for g, d, s, m, cons, h in slot_rows
+                ],
+            )
+        for claim in batch:
+            for group_id in claim.affinity_groups:
+                self._check_affinity(conn, group_id, claim)
+
+    def _check_affinity(self, conn: Connection, group_id: str, claim: Claim) -> None:
+        """Strict affinity under the group's row lock: no member may sit on another host."""
+        lock = select(server_groups.c.id).where(server_groups.c.id == group_id)
+        if self._pg:
+            lock = lock.with_for_update()
+        if conn.execute(lock).scalar() is None:
+            raise _Refusal(RefusalCode.AFFINITY, f"server group {group_id} not found")
+        elsewhere = conn.execute(
+            select(hosts.c.name)
+            .select_from(
+                group_members.join(
+                    consumers, consumers.c.instance_id == group_members.c.instance_id
+                ).join(hosts, hosts.c.id == consumers.c.host_id)
+            )
+            .where(group_members.c.group_id == group_id, consumers.c.host_id != claim.host_id)
+            .limit(1)
+        ).scalar()
+        if elsewhere is not None:
+            raise _Refusal(
+                RefusalCode.AFFINITY,
+                f"affinity group {group_id} already has a member on {elsewhere}",
+            )
+
+    def _upsert_instance(self) -> Any:
+        dialect_insert = postgresql.insert if self._pg else sqlite.insert
+        stmt = dialect_insert(consumers)
+        return stmt.on_conflict_do_update(
+            index_elements=[consumers.c.id],
+            set_={
+                "host_id": stmt.excluded.host_id,
+                "generation": consumers.c.generation + 1,
+            },
+            where=consumers.c.host_id.is_(None),
+        ).returning(consumers.c.id)
+
+    def _insert_ignore(self, table: Any) -> Any:
+        dialect_insert = postgresql.insert if self._pg else sqlite.insert
+        return dialect_insert(table).on_conflict_do_nothing()
+
+    # -- release and move -------------------------------------------------------------
+
+    def release(self, consumer_id: str, *, forget: bool = True) -> bool:
+        """Drop every claim a consumer holds, in one transaction. Idempotent.
+
+        `forget` also deletes the consumer (a deleted instance, a finished migration);
+        otherwise an instance stays known with no host.
+        """
+        return self._retry(lambda conn: self._release(conn, consumer_id, forget=forget))
+
+    def complete_migration(self, migration_id: str) -> bool:
+        """The instance moves: its source claims go and the migration's become its own."""
+        return self._retry(lambda conn: self._complete(conn, migration_id))
+
+    def fail_migration(self, migration_id: str) -> bool:
+        """The instance stays: the destination's claims go with the migration."""
+        return self.release(migration_id, forget=True)
+
+    def _retry(self, work: Callable[[Connection], bool]) -> bool:
+        for attempt in range(_BATCH_RETRIES_MAX):
+            try:
+                with self.engine.begin() as conn:
+                    return work(conn)
+            except OperationalError as exc:
+                if not _retryable(exc) or attempt == _BATCH_RETRIES_MAX - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _held_hosts(self, conn: Connection, consumer_ids: Sequence[str]) -> set[int]:
+        found = conn.execute(
+            select(allocations.c.host_id)
+            .where(allocations.c.consumer_id.in_(consumer_ids))
+            .union(
+                select(pins.c.host_id).where(pins.c.consumer_id.in_(consumer_ids)),
+                select(group_slots.c.host_id).where(group_slots.c.consumer_id.in_(consumer_ids)),
+            )
+        ).scalars()
+        return {int(h) for h in found}
+
+    def _release(self, conn: Connection, consumer_id: str, *, forget: bool) -> bool:
+        held = self._held_hosts(conn, [consumer_id])
+        if held:
+            self._lock_hosts(conn, held)
+        released = self._drop_claims(conn, consumer_id)
+        if forget:
+            gone = conn.execute(delete(consumers).where(consumers.c.id == consumer_id)).rowcount
+        else:
+            gone = conn.execute(
+                update(consumers)
+                .where(consumers.c.id == consumer_id, consumers.c.host_id.is_not(None))
+                .values(host_id=None, generation=consumers.c.generation + 1)
+            ).rowcount
+        return released or gone > 0
+
+    def _drop_claims(self, conn: Connection, consumer_id: str) -> bool:
+        freed = conn.execute(
+            delete(allocations)
+            .where(allocations.c.consumer_id == consumer_id)
+            .returning(allocations.c.host_id, allocations.c.resource_class, allocations.c.amount)
+        ).all()
+        if freed:
+            conn.execute(
+                _USE_INVENTORY,
+                [{"b_host": h, "b_rc": rc, "b_amt": -a} for h, rc, a in sorted(freed)],
+            )
+        cells_freed = conn.execute(
+            delete(numa_claims)
+            .where(numa_claims.c.consumer_id == consumer_id)
+            .returning(numa_claims.c.host_id, numa_claims.c.cell_id, numa_claims.c.memory_mb)
+        ).all()
+        if cells_freed:
+            conn.execute(
+                _USE_CELL,
+                [{"b_host": h, "b_cell": c, "b_mem": -m} for h, c, m in sorted(cells_freed)],
+            )
+        pins_freed = conn.execute(delete(pins).where(pins.c.consumer_id == consumer_id)).rowcount
+        slots_freed = conn.execute(
+            delete(group_slots).where(group_slots.c.consumer_id == consumer_id)
+        ).rowcount
+        return bool(freed or cells_freed or pins_freed or slots_freed)
+
+    def _complete(self, conn: Connection, migration_id: str) -> bool:
+        row = conn.execute(
+            select(consumers.c.instance_id, consumers.c.host_id).where(
+                consumers.c.id == migration_id, consumers.c.kind == ConsumerKind.MIGRATION.value
+            )
+        ).first()
+        if row is None:
+            return False
+        instance_id, dest = row
+        held = self._held_hosts(conn, [instance_id, migration_id])
+        self._lock_hosts(conn, held | ({dest} if dest is not None else set()))
+        self._drop_claims(conn, instance_id)
+        for table in (allocations, numa_claims, pins, group_slots):
+            conn.execute(
+                update(table)
+                .where(table.c.consumer_id == migration_id)
+                .values(consumer_id=instance_id)
+            )
+        conn.execute(
+            update(consumers)
+            .where(consumers.c.id == instance_id)
+            .values(host_id=dest, generation=consumers.c.generation + 1)
+        )
+        conn.execute(delete(consumers).where(consumers.c.id == migration_id))
+        return True
+
+    # -- reading ----------------------------------------------------------------------
+
+    def consumer_host(self, consumer_id: str) -> int | None:
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            return conn.execute(
+                select(consumers.c.host_id).where(consumers.c.id == consumer_id)
+            ).scalar()
+
+    def load_view(self, writer: str = "") -> View:
+        """A full view: used once at start; later refreshes read only what changed."""
+        view = View(writer)
+        with self.engine.connect().execution_options(**READONLY) as conn, conn.begin():
+            view.seq = int(
+                conn.execute(select(func.coalesce(func.max(changes.c.seq), 0))).scalar_one()
+            )
+            view.seen.update(
+                conn.execute(
+                    select(changes.c.seq).where(changes.c.seq > view.seq - _REREAD_WINDOW)
+                ).scalars()
+            )
+            for row in conn.execute(select(server_groups)):
+                view.add_group(_group_from_row(row._mapping))
+            for state, contribution in self._read_hosts(conn, None):
+                view.replace_host(state, contribution)
+        return view
+
+    def refresh(self, view: View, *, host_ids: Iterable[int] = ()) -> int:
+        """Bring `view` up to date with committed changes; returns how many hosts were read.
+
+        Sequence numbers can commit out of order on PostgreSQL, so each refresh looks a
+        window behind the newest sequence it saw and skips the rows it has already seen,
+        and the rows its own writer committed and applied.
+        """
+        wanted = set(host_ids)
+        with self.engine.connect().execution_options(**READONLY) as conn, conn.begin():
+            rows = conn.execute(
+                select(changes.c.seq, changes.c.host_id, changes.c.writer).where(
+                    changes.c.seq > max(0, view.seq - _REREAD_WINDOW)
+                )
+            ).all()
+            for seq, host_id, writer in rows:
+                if seq in view.seen:
+                    continue
+                view.seen.add(seq)
+                view.seq = max(view.seq, seq)
+                if not writer or writer != view.writer:
+                    wanted.add(int(host_id))
+            floor = view.seq - _REREAD_WINDOW
+            if len(view.seen) > 4 * _REREAD_WINDOW:
+                view.seen = {s for s in view.seen if s > floor}
+            if not wanted:
+                return 0
+            self._ensure_groups(conn, view, wanted)
+            for state, contribution in self._read_hosts(conn, sorted(wanted)):
+                view.replace_host(state, contribution)
+        return len(wanted)
+
+    def ensure_group(self, view: View, group_id: str) -> None:
+        if group_id in view.groups:
+            return
+        view.add_group(self.get_group(group_id))
+        with self.engine.connect().execution_options(**READONLY) as conn, conn.begin():
+            member_hosts = set(
+                conn.execute(
+                    select(consumers.c.host_id)
+                    .select_from(
+                        group_members.join(
+                            consumers, consumers.c.instance_id == group_members.c.instance_id
+                        )
+                    )
+                    .where(group_members.c.group_id == group_id, consumers.c.host_id.is_not(None))
+                ).scalars()
+            )
+            member_hosts.update(
+                conn.execute(
+                    select(group_slots.c.host_id).where(group_slots.c.group_id == group_id)
+                ).scalars()
+            )
+            for state, contribution in self._read_hosts(conn, sorted(member_hosts)):
+                view.replace_host(state, contribution)
+
+    def _ensure_groups(self, conn: Connection, view: View, host_ids: set[int]) -> None:
+        known = set(view.groups)
+        query = select(server_groups).where(
+            server_groups.c.id.in_(
+                select(group_slots.c.group_id).where(group_slots.c.host_id.in_(host_ids))
+            )
+        )
+        for row in conn.execute(query):
+            if row.id not in known:
+                view.add_group(_group_from_row(row._mapping))
+
+    def _read_hosts(
+        self, conn: Connection, host_ids: Sequence[int] | None
+    ) -> Iterable[tuple[HostState, HostGroups]]:
+        def where(col: Any) -> Any:
+            return col.in_(host_ids) if host_ids is not None else True
+
+        inv: dict[int, list[Any]] = defaultdict(list)
+        for row in conn.execute(select(inventories).where(where(inventories.c.host_id))):
+            inv[row.host_id].append(row)
+        cell_used: dict[int, dict[int, int]] = defaultdict(dict)
+        for row in conn.execute(select(cells).where(where(cells.c.host_id))):
+            cell_used[row.host_id][row.cell_id] = row.memory_mb - row.memory_mb_used
+        pinned: dict[int, set[int]] = defaultdict(set)
+        for host_id, cpu in conn.execute(
+            select(pins.c.host_id, pins.c.cpu_id).where(where(pins.c.host_id))
+        ):
+            pinned[host_id].add(cpu)
+        contributions: dict[int, HostGroups] = defaultdict(HostGroups)
+        member_query = (
+            select(group_members.c.group_id, consumers.c.host_id, func.count())
+            .select_from(
+                group_members.join(
+                    consumers, consumers.c.instance_id == group_members.c.instance_id
+                )
+            )
+            .where(where(consumers.c.host_id), consumers.c.host_id.is_not(None))
+            .group_by(group_members.c.group_id, consumers.c.host_id)
+        )
+        for group_id, host_id, count in conn.execute(member_query):
+            contributions[host_id].members[group_id] += int(count)
+        # Members are counted through consumers.instance_id, so a migration's destination
+        # counts beside the instance's source.
+        for row in conn.execute(
+            select(
+                group_slots.c.group_id,
+                group_slots.c.domain,
+                group_slots.c.slot,
+                group_slots.c.host_id,
+            ).where(where(group_slots.c.host_id))
+        ):
+            contributions[row.host_id].slots.append((row.group_id, row.domain, row.slot))
+        for row in conn.execute(select(hosts).where(where(hosts.c.id))):
+            topo = self._topology(row.topology)
+            capacity: dict[ResourceClass, int] = {}
+            used: dict[ResourceClass, int] = {}
+            max_unit: dict[ResourceClass, int] = {}
+            for item in inv.get(row.id, []):
+                rc = ResourceClass(item.resource_class)
+                capacity[rc] = int((item.total - item.reserved) * item.allocation_ratio)
+                used[rc] = item.used
+                max_unit[rc] = item.max_unit
+            free = HostFree(
+                frozenset(topo.cpu_dedicated_set - pinned.get(row.id, set())),
+                cell_used.get(row.id, {}),
+            )
+            state = HostState(
+                id=row.id,
+                name=row.name,
+                topology=topo,
+                capacity=capacity,
+                used=used,
+                max_unit=max_unit,
+                free=free,
+                availability_zone=row.availability_zone,
+                labels=json.loads(row.labels),
+                hypervisor_type=row.hypervisor_type,
+                architecture=row.architecture,
+                disabled=bool(row.disabled),
+                forced_down=bool(row.forced_down),
+                last_seen=row.last_seen,
+                generation=row.generation,
+            )
+            yield state, contributions.get(row.id, HostGroups())
+
+    def _topology(self, text: str) -> HostTopology:
+        topo = self._topologies.get(text)
+        if topo is None:
+            topo = self._topologies[text] = topology_from_json(text)
+        return topo
+
+
+# Sequence numbers re-read behind the newest seen, to catch commits that landed out of order.
+_REREAD_WINDOW = 256
+
+_BUMP_HOST = (
+    update(hosts).where(hosts.c.id == bindparam("b_host")).values(generation=hosts.c.generation + 1)
+)
+_USE_INVENTORY = (
+    update(inventories)
+    .where(
+        inventories.c.host_id == bindparam("b_host"),
+        inventories.c.resource_class == bindparam("b_rc"),
+    )
+    .values(used=inventories.c.used + bindparam("b_amt"))
+)
+_USE_CELL = (
+    update(cells)
+    .where(cells.c.host_id == bindparam("b_host"), cells.c.cell_id == bindparam("b_cell"))
+    .values(memory_mb_used=cells.c.memory_mb_used + bindparam("b_mem"))
+)
+
+
+def _consumer_row(claim: Claim, now: float) -> dict[str, Any]:
+    return {
+        "id": claim.consumer_id,
+        "kind": claim.kind.value,
+        "instance_id": claim.instance_id,
+        "project_id": claim.project_id,
+        "user_id": claim.user_id,
+        "host_id": claim.host_id,
+        "generation": 0,
+        "created_at": now,
+    }
+
+
+def _pins_with_withheld(pinned: Any, withheld: frozenset[int]) -> Iterable[tuple[int, int | None]]:
+    for vcpu, cpu in pinned.items():
+        yield cpu, vcpu
+    for cpu in withheld:
+        yield cpu, None
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    """Deadlocks and serialization failures on PostgreSQL; a locked database on SQLite."""
+    code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    if code in ("40P01", "40001"):
+        return True
+    return "database is locked" in str(exc.orig)
+
+
+def _explain(exc: IntegrityError, claim: Claim) -> tuple[RefusalCode, str]:
+    text = str(exc.orig)
+    host = claim.host_id
+    if "group_slots" in text:
+        domains = ", ".join(sorted({s.domain for s in claim.slots}))
+        return (
+            RefusalCode.ANTI_AFFINITY,
+            f"anti-affinity: {domains} already holds as many members as the group allows",
+        )
+    if "ck_inventories_capacity" in text:
+        return RefusalCode.CAPACITY, f"host {host} lacks capacity for the claimed amounts"
+    if "ck_cells_memory" in text:
+        return RefusalCode.NUMA_MEMORY, f"host {host} lacks memory on the chosen NUMA cell"
+    if "pins" in text:
+        cpus = sorted(claim.fit.cpus)
+        return RefusalCode.PCPU_TAKEN, f"pCPUs {cpus} on host {host}: one is already pinned"
+    if "consumers" in text:
+        return RefusalCode.CONSUMER_PLACED, f"consumer {claim.consumer_id} already holds a claim"
+    return RefusalCode.UNKNOWN_RESOURCE, f"the ledger refused the claim: {text.splitlines()[0]}"
+
+
+def _group_from_row(row: Any) -> ServerGroup:
+    return ServerGroup(
+        id=row["id"],
+        name=row["name"],
+        policy=GroupPolicy(row["policy"]),
+        max_per_domain=row["max_per_domain"],
+        failure_domain=row["failure_domain"],
+        project_id=row["project_id"],
+        user_id=row["user_id"],
+        rules=json.loads(row["rules"]),
+    )
+
+
+def topology_to_json(topo: HostTopology) -> str:
+    return json.dumps(
+        {
+            "cells": [
+                {"id": c.id, "cpus": sorted(c.cpus), "memory_mb": c.memory_mb} for c in topo.cells
+            ],
+            "siblings": {str(k): sorted(v) for k, v in sorted(topo.siblings.items())},
+            "dedicated": sorted(topo.cpu_dedicated_set),
+            "shared": sorted(topo.cpu_shared_set),
+        },
+        sort_keys=True,
+    )
+
+
+def topology_from_json(text: str) -> HostTopology:
+    data = json.loads(text)
+    return HostTopology(
+        cells=tuple(Cell(c["id"], frozenset(c["cpus"]), c["memory_mb"]) for c in data["cells"]),
+        siblings={int(k): frozenset(v) for k, v in data["siblings"].items()},
+        cpu_dedicated_set=frozenset(data["dedicated"]),
+        cpu_shared_set=frozenset(data["shared"]),
+    )

@@ -1,0 +1,225 @@
+"""The ledger's tables. Invariants live in keys and checks, so a bug elsewhere fails a commit."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    Column,
+    Float,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+__all__ = [
+    "allocations",
+    "cells",
+    "changes",
+    "consumers",
+    "group_members",
+    "group_slots",
+    "hosts",
+    "inventories",
+    "metadata",
+    "numa_claims",
+    "pcpus",
+    "pins",
+    "server_groups",
+]
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+hosts = Table(
+    "hosts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("uuid", String(36), nullable=False, unique=True),
+    Column("name", String(255), nullable=False, unique=True),
+    Column("availability_zone", String(255), nullable=False, default="nova"),
+    Column("labels", Text, nullable=False, default="{}"),  # JSON object of str -> str
+    Column("hypervisor_type", String(64), nullable=False, default="sim"),
+    Column("architecture", String(32), nullable=False, default="x86_64"),
+    Column("topology", Text, nullable=False),  # JSON: cells, siblings, CPU sets
+    Column("disabled", Boolean, nullable=False, default=False),
+    Column("forced_down", Boolean, nullable=False, default=False),
+    Column("last_seen", Float, nullable=True),  # heartbeat time, seconds since the epoch
+    # Bumped by every claim and release that touches the host: Placement's provider
+    # generation, and the row every writer locks first, in id order, so writers never deadlock.
+    Column("generation", Integer, nullable=False, default=0),
+)
+
+cells = Table(
+    "cells",
+    metadata,
+    Column("host_id", Integer, ForeignKey("hosts.id", ondelete="CASCADE"), nullable=False),
+    Column("cell_id", Integer, nullable=False),
+    Column("memory_mb", Integer, nullable=False),
+    Column("memory_mb_used", Integer, nullable=False, default=0),
+    PrimaryKeyConstraint("host_id", "cell_id"),
+    CheckConstraint("memory_mb_used >= 0 AND memory_mb_used <= memory_mb", name="ck_cells_memory"),
+)
+
+pcpus = Table(
+    "pcpus",
+    metadata,
+    Column("host_id", Integer, nullable=False),
+    Column("cpu_id", Integer, nullable=False),
+    Column("cell_id", Integer, nullable=False),
+    Column("dedicated", Boolean, nullable=False),
+    PrimaryKeyConstraint("host_id", "cpu_id"),
+    # The target of pins' foreign key: only a dedicated pCPU can be pinned.
+    UniqueConstraint("host_id", "cpu_id", "dedicated", name="uq_pcpus_pinnable"),
+    ForeignKeyConstraint(["host_id", "cell_id"], ["cells.host_id", "cells.cell_id"]),
+)
+
+inventories = Table(
+    "inventories",
+    metadata,
+    Column("host_id", Integer, ForeignKey("hosts.id", ondelete="CASCADE"), nullable=False),
+    Column("resource_class", String(64), nullable=False),
+    Column("total", Integer, nullable=False),
+    Column("reserved", Integer, nullable=False, default=0),
+    Column("allocation_ratio", Float, nullable=False, default=1.0),
+    Column("min_unit", Integer, nullable=False, default=1),
+    Column("max_unit", Integer, nullable=False),
+    Column("step_size", Integer, nullable=False, default=1),
+    Column("used", Integer, nullable=False, default=0),
+    PrimaryKeyConstraint("host_id", "resource_class"),
+    CheckConstraint(
+        "used >= 0 AND used <= (total - reserved) * allocation_ratio",
+        name="ck_inventories_capacity",
+    ),
+)
+
+consumers = Table(
+    "consumers",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("kind", String(16), nullable=False),  # instance | migration
+    Column("instance_id", String(36), nullable=False),  # itself, or the migrating instance
+    Column("project_id", String(64), nullable=False, default=""),
+    Column("user_id", String(64), nullable=False, default=""),
+    Column("host_id", Integer, ForeignKey("hosts.id"), nullable=True),
+    Column("generation", Integer, nullable=False, default=0),
+    Column("created_at", Float, nullable=False),
+    CheckConstraint("kind IN ('instance', 'migration')", name="ck_consumers_kind"),
+    Index("ix_consumers_instance_id", "instance_id"),
+    Index("ix_consumers_host_id", "host_id"),
+)
+
+allocations = Table(
+    "allocations",
+    metadata,
+    Column("consumer_id", String(36), ForeignKey("consumers.id"), nullable=False),
+    Column("host_id", Integer, nullable=False),
+    Column("resource_class", String(64), nullable=False),
+    Column("amount", Integer, nullable=False),
+    PrimaryKeyConstraint("consumer_id", "host_id", "resource_class"),
+    ForeignKeyConstraint(
+        ["host_id", "resource_class"], ["inventories.host_id", "inventories.resource_class"]
+    ),
+    CheckConstraint("amount > 0", name="ck_allocations_amount"),
+    Index("ix_allocations_host_id", "host_id"),
+)
+
+numa_claims = Table(
+    "numa_claims",
+    metadata,
+    Column("consumer_id", String(36), ForeignKey("consumers.id"), nullable=False),
+    Column("host_id", Integer, nullable=False),
+    Column("cell_id", Integer, nullable=False),
+    Column("guest_cell", Integer, nullable=False),
+    Column("memory_mb", Integer, nullable=False),
+    PrimaryKeyConstraint("consumer_id", "host_id", "cell_id"),
+    ForeignKeyConstraint(["host_id", "cell_id"], ["cells.host_id", "cells.cell_id"]),
+    Index("ix_numa_claims_host_id", "host_id"),
+)
+
+pins = Table(
+    "pins",
+    metadata,
+    Column("host_id", Integer, nullable=False),
+    Column("cpu_id", Integer, nullable=False),
+    Column("consumer_id", String(36), ForeignKey("consumers.id"), nullable=False),
+    Column("guest_vcpu", Integer, nullable=True),  # NULL: a sibling withheld by isolate
+    Column("dedicated", Boolean, nullable=False, default=True),
+    # One row per pCPU: a double pin is a duplicate key, whoever writes it.
+    PrimaryKeyConstraint("host_id", "cpu_id"),
+    ForeignKeyConstraint(
+        ["host_id", "cpu_id", "dedicated"],
+        ["pcpus.host_id", "pcpus.cpu_id", "pcpus.dedicated"],
+    ),
+    CheckConstraint("dedicated", name="ck_pins_dedicated"),
+    Index("ix_pins_consumer_id", "consumer_id"),
+)
+
+server_groups = Table(
+    "server_groups",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("name", String(255), nullable=False),
+    Column("policy", String(32), nullable=False),
+    Column("max_per_domain", Integer, nullable=False, default=1),
+    Column("failure_domain", String(64), nullable=False, default="host"),
+    Column("rules", Text, nullable=False, default="{}"),
+    Column("project_id", String(64), nullable=False, default=""),
+    Column("user_id", String(64), nullable=False, default=""),
+    Column("created_at", Float, nullable=False),
+    CheckConstraint("max_per_domain >= 1", name="ck_server_groups_max"),
+)
+
+group_members = Table(
+    "group_members",
+    metadata,
+    Column(
+        "group_id", String(36), ForeignKey("server_groups.id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("instance_id", String(36), nullable=False),
+    PrimaryKeyConstraint("group_id", "instance_id"),
+    Index("ix_group_members_instance_id", "instance_id"),
+)
+
+group_slots = Table(
+    "group_slots",
+    metadata,
+    Column("group_id", String(36), ForeignKey("server_groups.id"), nullable=False),
+    Column("domain", String(255), nullable=False),  # "host=h1" or "rack=r3"
+    Column("slot", Integer, nullable=False),
+    Column("max_per_domain", Integer, nullable=False),
+    Column("consumer_id", String(36), ForeignKey("consumers.id"), nullable=False),
+    Column("host_id", Integer, ForeignKey("hosts.id"), nullable=False),
+    # Strict anti-affinity as keys: a domain has slots 0..max-1 and each is held once,
+    # so one member too many is a duplicate key or a failed check, never a violation.
+    PrimaryKeyConstraint("group_id", "domain", "slot"),
+    UniqueConstraint("group_id", "consumer_id", name="uq_group_slots_consumer"),
+    CheckConstraint("slot >= 0 AND slot < max_per_domain", name="ck_group_slots_slot"),
+    Index("ix_group_slots_host_id", "host_id"),
+    Index("ix_group_slots_consumer_id", "consumer_id"),
+)
+
+# Which hosts changed, in commit order as seen by readers: schedulers refresh their view
+# from here instead of rescanning every host.
+changes = Table(
+    "changes",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("host_id", Integer, nullable=False),
+    Column("at", Float, nullable=False),
+    # The scheduler whose view already holds this change; it skips its own rows on refresh.
+    Column("writer", String(36), nullable=True),
+)

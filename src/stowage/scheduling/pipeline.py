@@ -1,0 +1,153 @@
+"""The decision cycle: filter, weigh, pick, and turn the pick into a claim; explain refusals.
+
+Hosts are visited from a random offset in a shuffled order and the scan stops after
+`candidates_max` hosts pass (Nomad's limit on feasible nodes), so a decision costs about the
+same at 100 hosts as at 10,000 while the cloud has room. When few hosts fit, it scans them all.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from stowage.domain.claims import Claim, GroupSlot
+from stowage.domain.groups import GroupPolicy, domain_of
+from stowage.domain.numa import NO_NUMA
+from stowage.domain.topology import ResourceClass
+from stowage.scheduling.filters import default_filters
+from stowage.scheduling.framework import CycleState, Filter, Request, Weigher
+from stowage.scheduling.view import HostState, View
+from stowage.scheduling.weighers import default_weighers
+
+__all__ = ["Decision", "Diagnosis", "Pipeline"]
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    """Per filter, how many hosts it rejected and one of its reasons."""
+
+    hosts_total: int
+    rejected: dict[str, int] = field(default_factory=dict)
+    sample: dict[str, str] = field(default_factory=dict)
+
+    def note(self, plugin: str, reason: str) -> None:
+        self.rejected[plugin] = self.rejected.get(plugin, 0) + 1
+        self.sample[plugin] = reason
+
+    def explain(self) -> str:
+        if self.hosts_total == 0:
+            return "No valid host was found. There are no compute hosts."
+        parts = [
+            f"{count} host{'s' if count != 1 else ''} rejected by {plugin}: {self.sample[plugin]}"
+            for plugin, count in sorted(self.rejected.items(), key=lambda kv: -kv[1])
+        ]
+        return "No valid host was found. " + "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A request with the claim chosen for it, or the diagnosis of why none fits."""
+
+    request: Request
+    claim: Claim | None
+    diagnosis: Diagnosis | None = None
+
+
+class Pipeline:
+    def __init__(
+        self,
+        filters: Sequence[Filter] | None = None,
+        weighers: Sequence[Weigher] | None = None,
+        *,
+        candidates_max: int = 8,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.filters: list[Filter] = list(filters if filters is not None else default_filters())
+        self.weighers: list[Weigher] = list(
+            weighers if weighers is not None else default_weighers()
+        )
+        self.candidates_max = candidates_max
+        self.rng = rng or random.Random(0)
+        self._order: list[int] = []
+        self._order_key: tuple[int, int] = (0, -1)
+
+    def plan(self, view: View, requests: Sequence[Request], now: float) -> list[Decision]:
+        """Decide each request in turn, each seeing the ones before it as already placed."""
+        decisions = []
+        for request in requests:
+            decision = self.decide(view, request, now)
+            if decision.claim is not None:
+                view.apply_claim(decision.claim)
+            decisions.append(decision)
+        return decisions
+
+    def decide(self, view: View, request: Request, now: float) -> Decision:
+        state = CycleState(now=now, group=view.groups.get(request.group_id or ""))
+        active = [f for f in self.filters if f.prefilter(request, view, state)]
+        order = self._host_order(view)
+        diagnosis = Diagnosis(len(order))
+        candidates: list[HostState] = []
+        hosts = view.hosts
+        n = len(order)
+        start = self.rng.randrange(n) if n else 0
+        for i in range(n):
+            host = hosts[order[(start + i) % n]]
+            for plugin in active:
+                reason = plugin.filter(request, host, state)
+                if reason is not None:
+                    diagnosis.note(plugin.name, reason)
+                    break
+            else:
+                candidates.append(host)
+                if len(candidates) >= self.candidates_max:
+                    break
+        if not candidates:
+            return Decision(request, None, diagnosis)
+        best = max(candidates, key=lambda h: self._score(request, h, state))
+        return Decision(request, self._claim(request, best, state))
+
+    def _score(self, request: Request, host: HostState, state: CycleState) -> float:
+        return sum(w.multiplier * w.weigh(request, host, state) for w in self.weighers)
+
+    def _host_order(self, view: View) -> list[int]:
+        key = (id(view), len(view.hosts))
+        if key != self._order_key:
+            self._order = sorted(view.hosts)
+            self.rng.shuffle(self._order)
+            self._order_key = key
+        return self._order
+
+    def _claim(self, request: Request, host: HostState, state: CycleState) -> Claim:
+        fit = state.fits.get(host.id, NO_NUMA)
+        amounts = request.shape.amounts()
+        if fit.cells and ResourceClass.PCPU in amounts:
+            amounts[ResourceClass.PCPU] = len(fit.cpus)
+        slots: tuple[GroupSlot, ...] = ()
+        affinity: tuple[str, ...] = ()
+        member_of: tuple[str, ...] = ()
+        group = state.group
+        if group is not None:
+            member_of = (group.group.id,)
+            policy = group.group.policy
+            if policy is GroupPolicy.AFFINITY:
+                affinity = (group.group.id,)
+            elif policy is GroupPolicy.ANTI_AFFINITY:
+                domain = domain_of(group.group, host.name, host.labels)
+                slot = group.free_slot(domain) if domain is not None else None
+                if domain is None or slot is None:
+                    raise AssertionError("a host that passed the group filter has no free slot")
+                slots = (GroupSlot(group.group.id, domain, slot, group.group.max_per_domain),)
+        return Claim(
+            consumer_id=request.consumer_id,
+            instance_id=request.instance_id,
+            host_id=host.id,
+            amounts=amounts,
+            fit=fit,
+            slots=slots,
+            affinity_groups=affinity,
+            member_of=member_of,
+            kind=request.kind,
+            project_id=request.project_id,
+            user_id=request.user_id,
+        )

@@ -1,0 +1,1 @@
+"""Use cases over the ledger: scheduling now; build, migrate, evacuate and reconcile to come."""

@@ -1,0 +1,137 @@
+"""Scheduling as a service: pick from a recent view, commit, re-pick on conflict."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from stowage.domain.claims import Claim, ClaimOutcome, RefusalCode
+from stowage.ledger.ledger import Ledger
+from stowage.scheduling.framework import Request
+from stowage.scheduling.pipeline import Decision, Pipeline
+from stowage.scheduling.view import View
+
+__all__ = ["Placement", "Scheduler"]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a request landed, or why it could not."""
+
+    request: Request
+    claim: Claim | None
+    code: RefusalCode | None = None
+    reason: str = ""
+    attempts: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return self.claim is not None
+
+
+class Scheduler:
+    """One scheduler worker. Several may run against one database; the ledger keeps them honest."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        pipeline: Pipeline | None = None,
+        clock: Callable[[], float] = time.time,
+        seed: int = 0,
+        retries_max: int = 4,
+        batch_max: int = 256,
+    ) -> None:
+        self.ledger = ledger
+        self.pipeline = pipeline or Pipeline(rng=random.Random(seed))
+        self.clock = clock
+        self.retries_max = retries_max
+        self.batch_max = batch_max
+        self.view: View | None = None
+        self.conflicts = 0
+        # An identity, not a decision: unique per worker even when seeds repeat.
+        self.writer = str(uuid.uuid4())
+
+    def current_view(self) -> View:
+        if self.view is None:
+            self.view = self.ledger.load_view(self.writer)
+        else:
+            self.ledger.refresh(self.view)
+        return self.view
+
+    def schedule(
+        self, requests: Sequence[Request], *, min_count: int | None = None
+    ) -> list[Placement]:
+        """Place requests together as one plan. With `min_count`, fewer placed means none are."""
+        view = self.current_view()
+        for request in requests:
+            if request.group_id is not None:
+                self.ledger.ensure_group(view, request.group_id)
+        results: dict[int, Placement] = {}
+        pending = list(enumerate(requests))
+        for attempt in range(1, self.retries_max + 1):
+            decisions = self.pipeline.plan(view, [r for _, r in pending], self.clock())
+            to_commit: list[tuple[int, Decision]] = []
+            for (index, _), decision in zip(pending, decisions, strict=True):
+                if decision.claim is None:
+                    diagnosis = decision.diagnosis
+                    reason = diagnosis.explain() if diagnosis else "No valid host was found."
+                    results[index] = Placement(
+                        decision.request, None, RefusalCode.NO_VALID_HOST, reason, attempt
+                    )
+                else:
+                    to_commit.append((index, decision))
+            outcomes = self._commit([d.claim for _, d in to_commit if d.claim is not None])
+            retry: list[tuple[int, Request]] = []
+            stale_hosts: set[int] = set()
+            for (index, decision), outcome in zip(to_commit, outcomes, strict=True):
+                if outcome.ok:
+                    results[index] = Placement(decision.request, decision.claim, attempts=attempt)
+                    continue
+                self.conflicts += 1
+                stale_hosts.add(outcome.host_id)
+                if attempt == self.retries_max:
+                    results[index] = Placement(
+                        decision.request, None, outcome.code, outcome.reason, attempt
+                    )
+                else:
+                    retry.append((index, decision.request))
+            if not retry:
+                break
+            # Re-pick from a fresher view: the hosts that refused, and whatever else changed.
+            self.ledger.refresh(view, host_ids=stale_hosts)
+            pending = retry
+        placements = [results[i] for i in range(len(requests))]
+        if min_count is not None and sum(p.ok for p in placements) < min_count:
+            return self._undo(placements, min_count)
+        return placements
+
+    def _commit(self, claims: list[Claim]) -> list[ClaimOutcome]:
+        out: list[ClaimOutcome] = []
+        for start in range(0, len(claims), self.batch_max):
+            batch = claims[start : start + self.batch_max]
+            out.extend(self.ledger.claim(batch, writer=self.writer))
+        return out
+
+    def _undo(self, placements: list[Placement], min_count: int) -> list[Placement]:
+        placed = sum(p.ok for p in placements)
+        reason = next((p.reason for p in placements if not p.ok), "")
+        undone = []
+        for p in placements:
+            if p.claim is not None:
+                self.ledger.release(p.claim.consumer_id)
+            undone.append(
+                Placement(
+                    p.request,
+                    None,
+                    RefusalCode.NO_VALID_HOST,
+                    f"only {placed} of the minimum {min_count} instances fit. {reason}".strip(),
+                    p.attempts,
+                )
+            )
+        if self.view is not None:
+            self.ledger.refresh(self.view)
+        return undone
