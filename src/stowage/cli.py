@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from stowage import __version__
+
+if TYPE_CHECKING:
+    from stowage.ledger import Ledger
 
 app = typer.Typer(help="Stowage: a compute cloud control plane that speaks the OpenStack APIs.")
 console = Console()
@@ -25,7 +28,7 @@ DbUrl = Annotated[
 
 
 def _ledger_url(state_dir: Path, db: str | None) -> str:
-    from stowage.ledger.db import default_url
+    from stowage.ledger.db import sqlite_url
 
     if db:
         return db
@@ -33,7 +36,34 @@ def _ledger_url(state_dir: Path, db: str | None) -> str:
     if not path.exists():
         err.print(f"[red]No ledger at {path}[/red]: give --state-dir of a cloud, or --db URL.")
         raise typer.Exit(2)
-    return default_url(state_dir)
+    return sqlite_url(path)
+
+
+def _open_existing(url: str) -> Ledger:
+    """Open a ledger that must already exist; exit 2 with a message when it does not."""
+    from sqlalchemy import inspect
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from stowage.ledger import Ledger
+
+    parsed = make_url(url)
+    if parsed.drivername.startswith("sqlite") and not Path(parsed.database or "").exists():
+        err.print(f"[red]No ledger database at {parsed.database}[/red]")
+        raise typer.Exit(2)
+    ledger = Ledger.open(url, upgrade=False)
+    try:
+        with ledger.engine.connect() as conn:
+            present = inspect(conn).has_table("hosts")
+    except SQLAlchemyError as exc:
+        ledger.close()
+        err.print(f"[red]Cannot read the ledger[/red]: {str(exc).splitlines()[0]}")
+        raise typer.Exit(2) from None
+    if not present:
+        ledger.close()
+        err.print("[red]That database holds no ledger[/red]: run `stowage db-upgrade` first.")
+        raise typer.Exit(2)
+    return ledger
 
 
 @app.command()
@@ -45,10 +75,9 @@ def version() -> None:
 @app.command()
 def audit(state_dir: StateDir = Path(".stowage"), db: DbUrl = None) -> None:
     """Check the ledger's invariants; exit 1 with a report when any fails."""
-    from stowage.ledger import Ledger
     from stowage.ledger import audit as run_audit
 
-    ledger = Ledger.open(_ledger_url(state_dir, db), upgrade=False)
+    ledger = _open_existing(_ledger_url(state_dir, db))
     try:
         violations = run_audit(ledger)
     finally:

@@ -529,24 +529,22 @@ def valid_flavors(draw: st.DrawFn) -> tuple[Flavor, dict[str, object]]:
             cells = [frozenset(range(i * per, (i + 1) * per)) for i in range(nodes)]
             mems = [per_node_mb] * nodes
         else:
+            # Explicit cells: a random partition of the vCPUs, uneven memory.
             order = draw(st.permutations(range(vcpus)))
-            cuts = (
-                sorted(
-                    draw(st.sets(st.integers(1, vcpus - 1), min_size=nodes - 1, max_size=nodes - 1))
-                )
-                if nodes > 1
-                else []
+            cuts = draw(
+                st.sets(st.integers(1, max(1, vcpus - 1)), min_size=nodes - 1, max_size=nodes - 1)
             )
-            bounds = [0, *cuts, vcpus]
+            bounds = [0, *sorted(cuts), vcpus]
             cells = [frozenset(order[bounds[i] : bounds[i + 1]]) for i in range(nodes)]
-            mems = [per_node_mb] * nodes
+            mems = [draw(st.sampled_from([128, 256, 1000])) for _ in range(nodes)]
+            memory_mb = sum(mems)
             for i, (cpus, mem) in enumerate(zip(cells, mems, strict=True)):
                 specs[f"hw:numa_cpus.{i}"] = format_cpu_set(cpus)
                 specs[f"hw:numa_mem.{i}"] = str(mem)
     elif policy is not CpuPolicy.SHARED:
         cells = [frozenset(range(vcpus))]
         mems = [memory_mb]
-    expected = {
+    expected: dict[str, object] = {
         "policy": policy,
         "thread": thread or ThreadPolicy.PREFER,
         "dedicated": dedicated,
@@ -594,6 +592,7 @@ SPEC_KEYS = [
     "hw:numa_mem.0",
     "hw:numa_mem.1",
     "hw:numa_cpus.\u0663",
+    "hw:numa_mem.\u00b2",
     "hw:numa_mem.x",
     "hw:numa_mem.00",
     "hw:bogus",
@@ -638,3 +637,39 @@ def test_shape_of_either_validates_or_raises_invalid_spec(
     assert s.dedicated_vcpus <= frozenset(range(vcpus))
     assert sum(len(c.vcpus) for c in s.cells) in (0, vcpus)
     assert all(c.memory_mb >= 1 for c in s.cells)
+
+
+@FAST
+@given(
+    vcpus=st.integers(1, 4),
+    nodes=st.integers(1, 3),
+    cells=st.dictionaries(
+        st.tuples(
+            st.sampled_from(["hw:numa_cpus.", "hw:numa_mem."]),
+            st.one_of(
+                st.sampled_from(["0", "1", "2", "01", "", "-1", "+1", " 1"]),
+                st.text(st.characters(categories=["Nd", "No"]), min_size=1, max_size=2),
+            ),
+        ),
+        st.sampled_from(["0", "1", "0-1", "^0", "2-3", "256", "512", "x"]),
+        max_size=5,
+    ),
+)
+def test_numa_cell_keys_either_validate_or_raise_invalid_spec(
+    vcpus: int, nodes: int, cells: dict[tuple[str, str], str]
+) -> None:
+    """Odd cell indices ("01", "\u00b2", "\u0663") are refused by name, never crash or vanish."""
+    specs = {"hw:numa_nodes": str(nodes), **{f"{k}{i}": v for (k, i), v in cells.items()}}
+    try:
+        s = shape_of(Flavor("f", vcpus, 512, extra_specs=specs))
+    except InvalidSpec as err:
+        assert err.message
+        return
+    # Accepted: every cell key named a real cell in canonical form, and was used.
+    assert len(s.cells) == nodes
+    for key in cells:
+        index = key[1]
+        assert index.isascii()
+        assert index.isdigit()
+        assert str(int(index)) == index
+        assert int(index) < nodes

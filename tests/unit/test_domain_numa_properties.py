@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -79,9 +80,18 @@ def flavors(draw: st.DrawFn, thread: ThreadPolicy | None = None) -> Flavor:
 def free_pools(draw: st.DrawFn, topo: HostTopology) -> HostFree:
     """Any free state, not only those reachable by claims: fragmented sibling sets too."""
     dedicated = sorted(topo.cpu_dedicated_set)
-    picked: set[int] = draw(st.sets(st.sampled_from(dedicated))) if dedicated else set()
-    # Either `picked` is what is free, or what is taken (so mostly-free hosts are common).
-    cpus = picked if draw(st.booleans()) else set(dedicated) - picked
+    if not dedicated:
+        return HostFree(frozenset(), {c.id: draw(st.integers(0, c.memory_mb)) for c in topo.cells})
+    cores = sorted({topo.core_of(cpu) for cpu in dedicated}, key=min)
+    style = draw(st.sampled_from(["free", "taken", "cores"]))
+    if style == "cores":
+        # Whole cores taken, then a few single threads: many whole cores and some halves.
+        taken_cores = draw(st.sets(st.sampled_from(cores)))
+        singles = draw(st.sets(st.sampled_from(dedicated), max_size=3))
+        cpus = set(dedicated) - set().union(*taken_cores) - singles
+    else:
+        picked = draw(st.sets(st.sampled_from(dedicated)))
+        cpus = picked if style == "free" else set(dedicated) - picked
     memory = {
         c.id: draw(st.one_of(st.just(c.memory_mb), st.integers(0, c.memory_mb))) for c in topo.cells
     }
@@ -230,13 +240,14 @@ def test_claims_in_sequence_never_share_a_pcpu(topo: HostTopology, batch: list[F
     event(f"placed {min(placed, 3)}{'+' if placed >= 3 else ''} NUMA instances")
 
 
-@PROPERTY
+@pytest.mark.parametrize("thread", [None, *ThreadPolicy])
+@settings(max_examples=100, deadline=None)
 @given(topo=topologies(), data=st.data())
 def test_fit_agrees_with_the_oracle_on_any_free_pool(
-    topo: HostTopology, data: st.DataObject
+    thread: ThreadPolicy | None, topo: HostTopology, data: st.DataObject
 ) -> None:
     free = data.draw(free_pools(topo))
-    shape = shape_of(data.draw(flavors()))
+    shape = shape_of(data.draw(flavors(thread=thread)))
     result = fit_instance(shape, topo, free)
     expected = _oracle_fits(shape, topo, free) if shape.cells else True
     assert isinstance(result, Fit) == expected, result
@@ -285,7 +296,7 @@ def test_a_single_cell_prefer_request_fits_wherever_a_cell_has_room(
             assert result.reason.endswith(f"largest free is {largest}")
 
 
-@PROPERTY
+@settings(max_examples=100, deadline=None)
 @given(topo=topologies(), data=st.data())
 def test_fit_is_deterministic(topo: HostTopology, data: st.DataObject) -> None:
     free = data.draw(free_pools(topo))

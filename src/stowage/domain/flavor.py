@@ -128,11 +128,10 @@ class InstanceShape:
         return bool(self.cells)
 
     def amounts(self) -> dict[ResourceClass, int]:
-        """Resource amounts before pinning. PCPU is the lower bound: isolate adds siblings."""
-        out = {
-            ResourceClass.MEMORY_MB: self.memory_mb,
-            ResourceClass.DISK_GB: self.disk_gb,
-        }
+        """Non-zero amounts before pinning. PCPU is a lower bound: isolate adds siblings."""
+        out = {ResourceClass.MEMORY_MB: self.memory_mb}
+        if self.disk_gb:
+            out[ResourceClass.DISK_GB] = self.disk_gb
         shared = self.vcpus - len(self.dedicated_vcpus)
         if shared:
             out[ResourceClass.VCPU] = shared

@@ -8,7 +8,16 @@ from dataclasses import dataclass
 from stowage.domain.flavor import GuestCell, InstanceShape, ThreadPolicy
 from stowage.domain.topology import HostTopology
 
-__all__ = ["CellFit", "Fit", "HostFree", "NoFit", "apply_fit", "fit_instance"]
+__all__ = [
+    "CellFit",
+    "Fit",
+    "HostFree",
+    "NoFit",
+    "apply_fit",
+    "exact_by_precheck",
+    "fit_instance",
+    "precheck",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,37 @@ def fit_instance(shape: InstanceShape, topology: HostTopology, free: HostFree) -
     if placed is None:
         return NoFit(reasons[0] if reasons else "no NUMA cell arrangement fits")
     return Fit(tuple(sorted(placed, key=lambda c: c.guest_cell)))
+
+
+def precheck(shape: InstanceShape, topology: HostTopology, free: HostFree) -> str | None:
+    """A cheap test that rejects most hosts that cannot fit; None means "maybe".
+
+    For one guest cell with the prefer policy the answer is exact: `fit_instance` succeeds
+    whenever this passes, so a scheduler may defer the exact fit to the host it picks.
+    """
+    need_cpus = max((len(c.dedicated) for c in shape.cells), default=0)
+    need_mb = max((c.memory_mb for c in shape.cells), default=0)
+    best_cpus = 0
+    best_mb = 0
+    for cell in topology.cells:
+        memory = free.cell_memory_mb.get(cell.id, 0)
+        cpus = len(cell.cpus & free.cpus) if need_cpus else 0
+        if memory >= need_mb and cpus >= need_cpus:
+            return None
+        best_cpus = max(best_cpus, cpus)
+        best_mb = max(best_mb, memory)
+    if best_mb < need_mb:
+        return f"need {need_mb} MB on one NUMA cell, largest free is {best_mb} MB"
+    return f"need {need_cpus} dedicated CPUs on one NUMA cell, largest free is {best_cpus}"
+
+
+def exact_by_precheck(shape: InstanceShape) -> bool:
+    """True when `precheck` passing guarantees `fit_instance` succeeds."""
+    return (
+        len(shape.cells) == 1
+        and (shape.thread_policy is ThreadPolicy.PREFER or not shape.dedicated_vcpus)
+        and not shape.cells[0].shared
+    )
 
 
 def apply_fit(free: HostFree, fit: Fit) -> HostFree:
@@ -175,28 +215,31 @@ def _pick_cpus(
 def _pick_prefer(
     cores: Sequence[frozenset[int]], free: frozenset[int], count: int
 ) -> tuple[list[int], frozenset[int]] | str:
-    free_by_core = [sorted(core & free) for core in cores]
-    total = sum(len(f) for f in free_by_core)
-    if total < count:
+    free_by_core = [core & free for core in cores]
+    if sum(len(f) for f in free_by_core) < count:
         return f"need {count} dedicated CPUs on one NUMA cell"
     # Fill whole sibling sets first, so the guest's threads share cores as on real hardware,
     # then take the remainder from the core that fits it most tightly.
-    order = sorted(range(len(cores)), key=lambda i: (-len(free_by_core[i]), i))
+    order = sorted(
+        (i for i, f in enumerate(free_by_core) if f), key=lambda i: (-len(free_by_core[i]), i)
+    )
     chosen: list[int] = []
     used: set[int] = set()
     need = count
     for i in order:
         threads = free_by_core[i]
-        if threads and len(threads) <= need:
+        if len(threads) <= need:
             chosen.extend(threads)
             used.add(i)
             need -= len(threads)
+            if not need:
+                break
     if need:
         best = min(
-            (i for i in range(len(cores)) if i not in used and len(free_by_core[i]) >= need),
+            (i for i in order if i not in used and len(free_by_core[i]) >= need),
             key=lambda i: (len(free_by_core[i]), i),
         )
-        chosen.extend(free_by_core[best][:need])
+        chosen.extend(sorted(free_by_core[best])[:need])
     return sorted(chosen), frozenset()
 
 

@@ -9,8 +9,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, delete, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from stowage.domain.claims import Claim, ClaimOutcome, ConsumerKind, RefusalCode
@@ -24,6 +23,7 @@ from stowage.domain.topology import (
     HostTopology,
     ResourceClass,
 )
+from stowage.ledger.bulk import BulkWriter
 from stowage.ledger.db import READONLY, make_engine, migrate
 from stowage.ledger.schema import (
     allocations,
@@ -64,6 +64,7 @@ class Ledger:
         self.clock = clock
         self._pg = engine.dialect.name == "postgresql"
         self._topologies: dict[str, HostTopology] = {}
+        self._bulk = BulkWriter(engine.dialect.name)
 
     @classmethod
     def open(cls, url: str, *, upgrade: bool = True) -> Ledger:
@@ -265,9 +266,22 @@ class Ledger:
     def _claim_one_by_one(self, batch: Sequence[Claim], writer: str | None) -> list[ClaimOutcome]:
         outcomes: list[ClaimOutcome] = []
         with self.engine.begin() as conn:
+            wanted = {c.host_id for c in batch}
+            known = set(conn.execute(select(hosts.c.id).where(hosts.c.id.in_(wanted))).scalars())
             # A refused claim leaves its host's view stale, so its change is not the writer's.
-            self._lock_hosts(conn, {c.host_id for c in batch}, None)
+            self._lock_hosts(conn, known, None)
             for claim in batch:
+                if claim.host_id not in known:
+                    outcomes.append(
+                        ClaimOutcome(
+                            claim.consumer_id,
+                            claim.host_id,
+                            False,
+                            RefusalCode.UNKNOWN_RESOURCE,
+                            f"host {claim.host_id} is not in the ledger",
+                        )
+                    )
+                    continue
                 try:
                     with conn.begin_nested():
                         self._write_claims(conn, [claim])
@@ -290,131 +304,131 @@ class Ledger:
     ) -> None:
         """Bump each host's generation in id order: the first lock every writer takes."""
         ordered = sorted(host_ids)
-        result = conn.execute(_BUMP_HOST, [{"b_host": h} for h in ordered])
-        if result.rowcount != len(ordered):
+        if self._pg:
+            bumped = conn.exec_driver_sql(_PG_LOCK_HOSTS, (ordered,)).rowcount
+        else:
+            bumped = self._bulk.add(conn, hosts, ["id"], "generation", [(h, 1) for h in ordered])
+        if bumped != len(ordered):
             raise _Refusal(RefusalCode.UNKNOWN_RESOURCE, "claim names a host the ledger lacks")
         now = self.clock()
-        conn.execute(
-            insert(changes), [{"host_id": h, "at": now, "writer": writer} for h in ordered]
+        self._bulk.insert(
+            conn, changes, ("host_id", "at", "writer"), [(h, now, writer) for h in ordered]
         )
 
     def _write_claims(self, conn: Connection, batch: Sequence[Claim]) -> None:
+        bulk = self._bulk
         now = self.clock()
-        instance_rows = [_consumer_row(c, now) for c in batch if c.kind is ConsumerKind.INSTANCE]
-        migration_rows = [_consumer_row(c, now) for c in batch if c.kind is ConsumerKind.MIGRATION]
-        if instance_rows:
-            placed = conn.execute(self._upsert_instance(), instance_rows).all()
-            if len(placed) != len(instance_rows):
-                raise _Refusal(
-                    RefusalCode.CONSUMER_PLACED, "the instance already holds a claim on a host"
-                )
-        if migration_rows:
-            conn.execute(insert(consumers), migration_rows)
-        members = [
-            {"group_id": g, "instance_id": c.instance_id} for c in batch for g in c.member_of
-        ]
-        if members:
-            conn.execute(self._insert_ignore(group_members), members)
-        usage = sorted(
-            ((c.host_id, rc.value, amount) for c in batch for rc, amount in c.amounts.items()),
+        if len({c.consumer_id for c in batch}) != len(batch):
+            raise _Refusal(RefusalCode.CONSUMER_PLACED, "the batch names one consumer twice")
+        self._lock_groups(conn, {g for c in batch for g in c.affinity_groups})
+        instances = [_consumer_row(c, now) for c in batch if c.kind is ConsumerKind.INSTANCE]
+        migrations = [_consumer_row(c, now) for c in batch if c.kind is ConsumerKind.MIGRATION]
+        placed = bulk.insert(
+            conn, consumers, _CONSUMER_COLUMNS, instances, on_conflict=_REPLACE_IF_UNPLACED
         )
-        if usage:
-            result = conn.execute(
-                _USE_INVENTORY, [{"b_host": h, "b_rc": rc, "b_amt": a} for h, rc, a in usage]
+        if placed != len(instances):
+            raise _Refusal(
+                RefusalCode.CONSUMER_PLACED, "the instance already holds a claim on a host"
             )
-            if result.rowcount != len(usage):
-                raise _Refusal(
-                    RefusalCode.UNKNOWN_RESOURCE, "claim names a resource class the host lacks"
-                )
-            conn.execute(
-                insert(allocations),
-                [
-                    {
-                        "consumer_id": c.consumer_id,
-                        "host_id": c.host_id,
-                        "resource_class": rc.value,
-                        "amount": amount,
-                    }
-                    for c in batch
-                    for rc, amount in c.amounts.items()
-                ],
-            )
-        numa = sorted(
-            (c.host_id, cell.host_cell, cell.memory_mb, cell.guest_cell, c.consumer_id)
-            for c in batch
-            for cell in c.fit.cells
+        bulk.insert(conn, consumers, _CONSUMER_COLUMNS, migrations)
+        members = {(g, c.instance_id) for c in batch for g in c.member_of}
+        bulk.insert(
+            conn,
+            group_members,
+            ("group_id", "instance_id"),
+            sorted(members),
+            on_conflict="ON CONFLICT DO NOTHING",
         )
-        if numa:
-            conn.execute(
-                _USE_CELL, [{"b_host": h, "b_cell": cell, "b_mem": m} for h, cell, m, _, _ in numa]
+        usage: dict[tuple[int, str], int] = {}
+        for c in batch:
+            for rc, amount in c.amounts.items():
+                usage[(c.host_id, rc.value)] = usage.get((c.host_id, rc.value), 0) + amount
+        changed = bulk.add(
+            conn,
+            inventories,
+            ("host_id", "resource_class"),
+            "used",
+            [(h, rc, a) for (h, rc), a in sorted(usage.items())],
+        )
+        if changed != len(usage):
+            raise _Refusal(
+                RefusalCode.UNKNOWN_RESOURCE, "claim names a resource class the host lacks"
             )
-            conn.execute(
-                insert(numa_claims),
-                [
-                    {
-                        "consumer_id": consumer,
-                        "host_id": h,
-                        "cell_id": cell,
-                        "guest_cell": guest,
-                        "memory_mb": m,
-                    }
-                    for h, cell, m, guest, consumer in numa
-                ],
-            )
-        pin_rows = sorted(
-            (
-                (c.host_id, cpu, c.consumer_id, vcpu)
+        bulk.insert(
+            conn,
+            allocations,
+            ("consumer_id", "host_id", "resource_class", "amount"),
+            [(c.consumer_id, c.host_id, rc.value, a) for c in batch for rc, a in c.amounts.items()],
+        )
+        cell_memory: dict[tuple[int, int], int] = {}
+        numa_rows = []
+        for c in batch:
+            for cell in c.fit.cells:
+                key = (c.host_id, cell.host_cell)
+                cell_memory[key] = cell_memory.get(key, 0) + cell.memory_mb
+                numa_rows.append(
+                    (c.consumer_id, c.host_id, cell.host_cell, cell.guest_cell, cell.memory_mb)
+                )
+        bulk.add(
+            conn,
+            cells,
+            ("host_id", "cell_id"),
+            "memory_mb_used",
+            [(h, cell, m) for (h, cell), m in sorted(cell_memory.items())],
+        )
+        bulk.insert(
+            conn,
+            numa_claims,
+            ("consumer_id", "host_id", "cell_id", "guest_cell", "memory_mb"),
+            numa_rows,
+        )
+        bulk.insert(
+            conn,
+            pins,
+            ("host_id", "cpu_id", "consumer_id", "guest_vcpu", "dedicated"),
+            sorted(
+                (c.host_id, cpu, c.consumer_id, vcpu, True)
                 for c in batch
                 for cell in c.fit.cells
                 for cpu, vcpu in _pins_with_withheld(cell.pins, cell.withheld)
             ),
-            key=lambda r: (r[0], r[1]),
         )
-        if pin_rows:
-            conn.execute(
-                insert(pins),
-                [
-                    {
-                        "host_id": h,
-                        "cpu_id": cpu,
-                        "consumer_id": cons,
-                        "guest_vcpu": vcpu,
-                        "dedicated": True,
-                    }
-                    for h, cpu, cons, vcpu in pin_rows
-                ],
-            )
-        slot_rows = sorted(
-            (s.group_id, s.domain, s.slot, s.max_per_domain, c.consumer_id, c.host_id)
-            for c in batch
-            for s in c.slots
+        bulk.insert(
+            conn,
+            group_slots,
+            ("group_id", "domain", "slot", "max_per_domain", "consumer_id", "host_id"),
+            sorted(
+                (s.group_id, s.domain, s.slot, s.max_per_domain, c.consumer_id, c.host_id)
+                for c in batch
+                for s in c.slots
+            ),
         )
-        if slot_rows:
-            conn.execute(
-                insert(group_slots),
-                [
-                    {
-                        "group_id": g,
-                        "domain": d,
-                        "slot": s,
-                        "max_per_domain": m,
-                        "consumer_id": cons,
-                        "host_id": h,
-                    }
-                    for g, d, s, m, cons, h in slot_rows
-                ],
-            )
         for claim in batch:
             for group_id in claim.affinity_groups:
                 self._check_affinity(conn, group_id, claim)
 
+    def _lock_groups(self, conn: Connection, group_ids: set[str]) -> None:
+        """Lock strict affinity groups' rows in id order, before any member row refers to them.
+
+        Taken after the hosts and before the members' foreign keys share-lock the same rows,
+        so two writers for one group queue instead of deadlocking.
+        """
+        if not group_ids:
+            return
+        query = (
+            select(server_groups.c.id)
+            .where(server_groups.c.id.in_(group_ids))
+            .order_by(server_groups.c.id)
+        )
+        if self._pg:
+            query = query.with_for_update()
+        found = set(conn.execute(query).scalars())
+        missing = sorted(group_ids - found)
+        if missing:
+            raise _Refusal(RefusalCode.AFFINITY, f"server group {missing[0]} not found")
+
     def _check_affinity(self, conn: Connection, group_id: str, claim: Claim) -> None:
         """Strict affinity under the group's row lock: no member may sit on another host."""
-        lock = select(server_groups.c.id).where(server_groups.c.id == group_id)
-        if self._pg:
-            lock = lock.with_for_update()
-        if conn.execute(lock).scalar() is None:
-            raise _Refusal(RefusalCode.AFFINITY, f"server group {group_id} not found")
         elsewhere = conn.execute(
             select(hosts.c.name)
             .select_from(
@@ -430,22 +444,6 @@ class Ledger:
                 RefusalCode.AFFINITY,
                 f"affinity group {group_id} already has a member on {elsewhere}",
             )
-
-    def _upsert_instance(self) -> Any:
-        dialect_insert = postgresql.insert if self._pg else sqlite.insert
-        stmt = dialect_insert(consumers)
-        return stmt.on_conflict_do_update(
-            index_elements=[consumers.c.id],
-            set_={
-                "host_id": stmt.excluded.host_id,
-                "generation": consumers.c.generation + 1,
-            },
-            where=consumers.c.host_id.is_(None),
-        ).returning(consumers.c.id)
-
-    def _insert_ignore(self, table: Any) -> Any:
-        dialect_insert = postgresql.insert if self._pg else sqlite.insert
-        return dialect_insert(table).on_conflict_do_nothing()
 
     # -- release and move -------------------------------------------------------------
 
@@ -507,21 +505,28 @@ class Ledger:
             .where(allocations.c.consumer_id == consumer_id)
             .returning(allocations.c.host_id, allocations.c.resource_class, allocations.c.amount)
         ).all()
-        if freed:
-            conn.execute(
-                _USE_INVENTORY,
-                [{"b_host": h, "b_rc": rc, "b_amt": -a} for h, rc, a in sorted(freed)],
-            )
+        self._bulk.add(
+            conn,
+            inventories,
+            ("host_id", "resource_class"),
+            "used",
+            [(h, rc, -a) for h, rc, a in sorted(freed)],
+        )
         cells_freed = conn.execute(
             delete(numa_claims)
             .where(numa_claims.c.consumer_id == consumer_id)
             .returning(numa_claims.c.host_id, numa_claims.c.cell_id, numa_claims.c.memory_mb)
         ).all()
-        if cells_freed:
-            conn.execute(
-                _USE_CELL,
-                [{"b_host": h, "b_cell": c, "b_mem": -m} for h, c, m in sorted(cells_freed)],
-            )
+        per_cell: dict[tuple[int, int], int] = {}
+        for h, cell, m in cells_freed:
+            per_cell[(h, cell)] = per_cell.get((h, cell), 0) - m
+        self._bulk.add(
+            conn,
+            cells,
+            ("host_id", "cell_id"),
+            "memory_mb_used",
+            [(h, cell, m) for (h, cell), m in sorted(per_cell.items())],
+        )
         pins_freed = conn.execute(delete(pins).where(pins.c.consumer_id == consumer_id)).rowcount
         slots_freed = conn.execute(
             delete(group_slots).where(group_slots.c.consumer_id == consumer_id)
@@ -730,35 +735,39 @@ class Ledger:
 # Sequence numbers re-read behind the newest seen, to catch commits that landed out of order.
 _REREAD_WINDOW = 256
 
-_BUMP_HOST = (
-    update(hosts).where(hosts.c.id == bindparam("b_host")).values(generation=hosts.c.generation + 1)
+# Locks the hosts in id order before bumping them, so concurrent writers never deadlock.
+_PG_LOCK_HOSTS = (
+    "UPDATE hosts SET generation = generation + 1 WHERE id IN "
+    "(SELECT id FROM hosts WHERE id = ANY(%s::int8[]) ORDER BY id FOR UPDATE)"
 )
-_USE_INVENTORY = (
-    update(inventories)
-    .where(
-        inventories.c.host_id == bindparam("b_host"),
-        inventories.c.resource_class == bindparam("b_rc"),
+_CONSUMER_COLUMNS = (
+    "id",
+    "kind",
+    "instance_id",
+    "project_id",
+    "user_id",
+    "host_id",
+    "generation",
+    "created_at",
+)
+# An instance consumer may be placed again only once it holds no host.
+_REPLACE_IF_UNPLACED = (
+    "ON CONFLICT (id) DO UPDATE SET host_id = excluded.host_id, "
+    "generation = consumers.generation + 1 WHERE consumers.host_id IS NULL"
+)
+
+
+def _consumer_row(claim: Claim, now: float) -> tuple[Any, ...]:
+    return (
+        claim.consumer_id,
+        claim.kind.value,
+        claim.instance_id,
+        claim.project_id,
+        claim.user_id,
+        claim.host_id,
+        0,
+        now,
     )
-    .values(used=inventories.c.used + bindparam("b_amt"))
-)
-_USE_CELL = (
-    update(cells)
-    .where(cells.c.host_id == bindparam("b_host"), cells.c.cell_id == bindparam("b_cell"))
-    .values(memory_mb_used=cells.c.memory_mb_used + bindparam("b_mem"))
-)
-
-
-def _consumer_row(claim: Claim, now: float) -> dict[str, Any]:
-    return {
-        "id": claim.consumer_id,
-        "kind": claim.kind.value,
-        "instance_id": claim.instance_id,
-        "project_id": claim.project_id,
-        "user_id": claim.user_id,
-        "host_id": claim.host_id,
-        "generation": 0,
-        "created_at": now,
-    }
 
 
 def _pins_with_withheld(pinned: Any, withheld: frozenset[int]) -> Iterable[tuple[int, int | None]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stowage.domain.groups import HOST_DOMAIN, GroupPolicy, domain_of, group_allows
-from stowage.domain.numa import NoFit, fit_instance
+from stowage.domain.numa import NoFit, exact_by_precheck, fit_instance, precheck
 from stowage.domain.topology import ResourceClass
 from stowage.scheduling.framework import CycleState, Filter, Request
 from stowage.scheduling.view import HostState, View
@@ -109,14 +109,22 @@ class DiskFilter:
 
 
 class NumaTopologyFilter:
-    """Finds exact cells and pCPUs; the fit is kept so the claim commits what was checked."""
+    """Finds exact cells and pCPUs; the fit is kept so the claim commits what was checked.
+
+    Where a cheap count is exact (one guest cell, prefer policy), the exact fit waits for
+    the host the pipeline picks.
+    """
 
     name = "numa_topology"
 
     def prefilter(self, request: Request, view: View, state: CycleState) -> bool:
+        state.values["numa_deferred"] = exact_by_precheck(request.shape)
         return request.shape.numa
 
     def filter(self, request: Request, host: HostState, state: CycleState) -> str | None:
+        reason = precheck(request.shape, host.topology, host.free)
+        if reason is not None or state.values["numa_deferred"]:
+            return reason
         fit = fit_instance(request.shape, host.topology, host.free)
         if isinstance(fit, NoFit):
             return fit.reason
@@ -137,12 +145,19 @@ class ServerGroupFilter:
             return False
         policy = group.group.policy
         if policy is GroupPolicy.AFFINITY:
+            # Members' hosts by name, so a rejection names where the members run.
+            state.values["affinity_hosts"] = {
+                view.hosts[h].name: n for h, n in group.per_host.items() if h in view.hosts
+            }
             return True
         return policy is GroupPolicy.ANTI_AFFINITY and group.group.failure_domain == HOST_DOMAIN
 
     def filter(self, request: Request, host: HostState, state: CycleState) -> str | None:
         group = state.group
         assert group is not None
+        if group.group.policy is GroupPolicy.AFFINITY:
+            names: dict[str, int] = state.values["affinity_hosts"]  # type: ignore[assignment]
+            return group_allows(group.group, host.name, None, names, {})
         domain = domain_of(group.group, host.name, host.labels)
         return group_allows(group.group, host.id, domain, group.per_host, group.per_domain)
 

@@ -31,7 +31,7 @@ class Request:
     user_id: str = ""
     group_id: str | None = None
     availability_zone: str | None = None
-    force_host: str | None = None  # "zone:host" from an admin
+    force_host: str | None = None  # the host of an admin's "zone:host"
     same_host: frozenset[int] = frozenset()  # host ids of the instances named in the hint
     different_host: frozenset[int] = frozenset()
     ignore_hosts: frozenset[int] = frozenset()  # a move's source host

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from stowage.domain.claims import Claim, GroupSlot
 from stowage.domain.groups import GroupPolicy, domain_of
-from stowage.domain.numa import NO_NUMA
+from stowage.domain.numa import NO_NUMA, NoFit, fit_instance
 from stowage.domain.topology import ResourceClass
 from stowage.scheduling.filters import default_filters
 from stowage.scheduling.framework import CycleState, Filter, Request, Weigher
@@ -70,7 +70,7 @@ class Pipeline:
         self.candidates_max = candidates_max
         self.rng = rng or random.Random(0)
         self._order: list[int] = []
-        self._order_key: tuple[int, int] = (0, -1)
+        self._order_view: View | None = None
 
     def plan(self, view: View, requests: Sequence[Request], now: float) -> list[Decision]:
         """Decide each request in turn, each seeing the ones before it as already placed."""
@@ -102,24 +102,35 @@ class Pipeline:
                 candidates.append(host)
                 if len(candidates) >= self.candidates_max:
                     break
-        if not candidates:
-            return Decision(request, None, diagnosis)
-        best = max(candidates, key=lambda h: self._score(request, h, state))
-        return Decision(request, self._claim(request, best, state))
+        ranked = sorted(candidates, key=lambda h: -self._score(request, h, state))
+        for host in ranked:
+            claim = self._claim(request, host, state)
+            if isinstance(claim, str):
+                diagnosis.note("numa_topology", claim)
+                continue
+            return Decision(request, claim)
+        return Decision(request, None, diagnosis)
 
     def _score(self, request: Request, host: HostState, state: CycleState) -> float:
         return sum(w.multiplier * w.weigh(request, host, state) for w in self.weighers)
 
     def _host_order(self, view: View) -> list[int]:
-        key = (id(view), len(view.hosts))
-        if key != self._order_key:
+        if self._order_view is not view or len(self._order) != len(view.hosts):
             self._order = sorted(view.hosts)
             self.rng.shuffle(self._order)
-            self._order_key = key
+            self._order_view = view
         return self._order
 
-    def _claim(self, request: Request, host: HostState, state: CycleState) -> Claim:
-        fit = state.fits.get(host.id, NO_NUMA)
+    def _claim(self, request: Request, host: HostState, state: CycleState) -> Claim | str:
+        fit = state.fits.get(host.id)
+        if fit is None:
+            if request.shape.numa:
+                found = fit_instance(request.shape, host.topology, host.free)
+                if isinstance(found, NoFit):
+                    return found.reason
+                fit = found
+            else:
+                fit = NO_NUMA
         amounts = request.shape.amounts()
         if fit.cells and ResourceClass.PCPU in amounts:
             amounts[ResourceClass.PCPU] = len(fit.cpus)

@@ -1,0 +1,97 @@
+"""Set-at-a-time writes for the claim path: one statement per table per batch.
+
+SQLite takes an `executemany` straight to the driver (no per-row parameter processing);
+PostgreSQL takes one statement over `unnest` of column arrays, so a batch of claims costs a
+handful of round trips instead of one per row. Constraints still check every row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Boolean, Connection, Float, Integer, Table
+
+__all__ = ["BulkWriter"]
+
+
+def _pg_array_type(table: Table, column: str) -> str:
+    kind = table.c[column].type
+    if isinstance(kind, Boolean):
+        return "bool[]"
+    if isinstance(kind, Integer):
+        return "int8[]"
+    if isinstance(kind, Float):
+        return "float8[]"
+    return "text[]"
+
+
+class BulkWriter:
+    """Builds and caches the per-dialect SQL for inserts and additive updates."""
+
+    def __init__(self, dialect: str) -> None:
+        self.pg = dialect == "postgresql"
+        self._sql: dict[tuple[object, ...], str] = {}
+
+    def insert(
+        self,
+        conn: Connection,
+        table: Table,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        *,
+        on_conflict: str = "",
+    ) -> int:
+        """Insert rows (tuples in `columns` order); returns the rows the database reports."""
+        if not rows:
+            return 0
+        key = ("insert", table.name, tuple(columns), on_conflict)
+        sql = self._sql.get(key)
+        if sql is None:
+            names = ", ".join(columns)
+            if self.pg:
+                arrays = ", ".join(f"%s::{_pg_array_type(table, c)}" for c in columns)
+                body = f"SELECT * FROM unnest({arrays})"
+            else:
+                body = "VALUES (" + ", ".join("?" for _ in columns) + ")"
+            sql = self._sql[key] = f"INSERT INTO {table.name} ({names}) {body} {on_conflict}"
+        return self._run(conn, sql, rows)
+
+    def add(
+        self,
+        conn: Connection,
+        table: Table,
+        keys: Sequence[str],
+        column: str,
+        rows: Sequence[Sequence[Any]],
+    ) -> int:
+        """`column += delta` for rows of (*key values, delta); keys must be unique in `rows`.
+
+        Returns how many table rows changed, so a caller can tell a missing row from a hit.
+        """
+        if not rows:
+            return 0
+        key = ("add", table.name, tuple(keys), column)
+        sql = self._sql.get(key)
+        if sql is None:
+            if self.pg:
+                arrays = ", ".join(f"%s::{_pg_array_type(table, c)}" for c in (*keys, column))
+                aliases = ", ".join((*keys, "delta"))
+                match = " AND ".join(f"t.{k} = d.{k}" for k in keys)
+                sql = (
+                    f"UPDATE {table.name} AS t SET {column} = t.{column} + d.delta "
+                    f"FROM unnest({arrays}) AS d({aliases}) WHERE {match}"
+                )
+            else:
+                match = " AND ".join(f"{k} = ?" for k in keys)
+                sql = f"UPDATE {table.name} SET {column} = {column} + ? WHERE {match}"
+            self._sql[key] = sql
+        if not self.pg:
+            rows = [(*r[len(keys) :], *r[: len(keys)]) for r in rows]
+        return self._run(conn, sql, rows)
+
+    def _run(self, conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        if self.pg:
+            columns = tuple(list(col) for col in zip(*rows, strict=True))
+            return int(conn.exec_driver_sql(sql, columns).rowcount)
+        return int(conn.exec_driver_sql(sql, [tuple(r) for r in rows]).rowcount)
