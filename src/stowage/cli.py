@@ -109,6 +109,60 @@ def db_upgrade(state_dir: StateDir = Path(".stowage"), db: DbUrl = None) -> None
     console.print(f"ledger at revision head: {engine.url.render_as_string(hide_password=True)}")
 
 
+def _server_class() -> type:
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """Stops on SIGINT or SIGTERM and exits 0, rather than re-raising the signal."""
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            else:
+                self.should_exit = True
+
+    return Server
+
+
+@app.command()
+def up(
+    state_dir: StateDir = Path(".stowage"),
+    port: Annotated[int, typer.Option(help="Port for every API.")] = 8880,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    hosts: Annotated[int, typer.Option("--hosts", help="Simulated compute hosts.")] = 3,
+) -> None:
+    """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
+    import uvicorn
+
+    from stowage.api.app import create_app
+
+    _Server = _server_class()
+    from stowage.services.cloud import CloudConfig
+    from stowage.services.runtime import open_cloud, port_is_free, write_clouds_yaml
+
+    if not port_is_free(host, port):
+        err.print(
+            f"[red]Port {port} on {host} is already in use[/red]: is another cloud "
+            "running? Stop it, or pass --port."
+        )
+        raise typer.Exit(1)
+    config = CloudConfig(state_dir=state_dir.resolve(), host=host, port=port, hosts=hosts)
+    cloud = open_cloud(config)
+    clouds = write_clouds_yaml(config)
+    console.print(f"Stowage is up at {config.base_url} (state in {config.state_dir}).")
+    console.print(
+        f"Point the openstack CLI at it:  export OS_CLIENT_CONFIG_FILE={clouds} "
+        "OS_CLOUD=stowage-admin   (or OS_CLOUD=stowage for the member)",
+        soft_wrap=True,
+    )
+    server = _Server(uvicorn.Config(create_app(cloud), host=host, port=port, log_level="warning"))
+    server.run()
+    cloud.ledger.close()
+    console.print("Stowage stopped.")
+
+
 def main() -> None:
     app()
 

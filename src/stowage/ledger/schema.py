@@ -30,6 +30,7 @@ __all__ = [
     "inventories",
     "metadata",
     "numa_claims",
+    "objects",
     "pcpus",
     "pins",
     "server_groups",
@@ -222,4 +223,23 @@ changes = Table(
     Column("at", Float, nullable=False),
     # The scheduler whose view already holds this change; it skips its own rows on refresh.
     Column("writer", String(36), nullable=True),
+)
+
+# API-level resources (identity, flavors, images, networks, instances' descriptions, ...) as
+# JSON documents keyed by kind and id. What a claim owns never lives here: that is the
+# tables above. Name and project are columns so lists can filter and page on them.
+objects = Table(
+    "objects",
+    metadata,
+    Column("kind", String(32), nullable=False),
+    Column("id", String(64), nullable=False),
+    Column("project_id", String(64), nullable=True),
+    Column("name", String(255), nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("body", Text, nullable=False),
+    PrimaryKeyConstraint("kind", "id"),
+    Index("ix_objects_kind_name", "kind", "name"),
+    Index("ix_objects_kind_project", "kind", "project_id"),
+    Index("ix_objects_kind_created", "kind", "created_at", "id"),
 )

@@ -1,0 +1,62 @@
+"""Token validation for every API but identity's own discovery and token issue."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from stowage.api.common import ApiError, Context
+from stowage.services.cloud import Cloud
+from stowage.services.tokens import TokenError
+
+__all__ = ["context_from_token", "require_admin", "require_context", "require_writer"]
+
+
+def cloud_of(request: Request) -> Cloud:
+    cloud: Cloud = request.app.state.cloud
+    return cloud
+
+
+def context_from_token(cloud: Cloud, token: str) -> Context:
+    """Validate a token (signature, expiry, revocation, user still enabled) into a context."""
+    try:
+        payload = cloud.tokens.validate(token)
+    except TokenError as exc:
+        raise ApiError(401, str(exc)) from None
+    if cloud.objects.find("revoked_token", payload.audit_id) is not None:
+        raise ApiError(401, "The token has been revoked.")
+    user = cloud.objects.find("user", payload.user_id)
+    if user is None or not user.body.get("enabled", True):
+        raise ApiError(401, "The user of this token is gone or disabled.")
+    project = cloud.objects.find("project", payload.project_id)
+    return Context(
+        user_id=payload.user_id,
+        user_name=user.name or "",
+        project_id=payload.project_id,
+        project_name=project.name if project is not None and project.name else "",
+        roles=frozenset(payload.roles),
+        token=token,
+        audit_id=payload.audit_id,
+        expires_at=payload.expires_at,
+    )
+
+
+def require_context(request: Request) -> Context:
+    """FastAPI dependency: the caller's context, or a 401."""
+    token = request.headers.get("x-auth-token")
+    if not token:
+        raise ApiError(401, "The request you have made requires authentication.")
+    return context_from_token(cloud_of(request), token)
+
+
+def require_writer(request: Request) -> Context:
+    ctx = require_context(request)
+    if not ctx.can_write:
+        raise ApiError(403, "Policy does not allow this action: the reader role can only read.")
+    return ctx
+
+
+def require_admin(request: Request) -> Context:
+    ctx = require_context(request)
+    if not ctx.is_admin:
+        raise ApiError(403, "Policy doesn't allow this operation to be performed.")
+    return ctx

@@ -1,0 +1,201 @@
+"""What every API shares: request ids, the caller's context, errors in each service's shape."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
+
+__all__ = [
+    "ApiError",
+    "Context",
+    "ErrorStyle",
+    "install_common",
+    "json_body",
+]
+
+
+class ApiError(Exception):
+    """An error with an HTTP status, rendered in the shape of the service that raised it."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """Who is calling, from a validated token."""
+
+    user_id: str
+    user_name: str
+    project_id: str
+    project_name: str
+    roles: frozenset[str]
+    token: str = ""
+    audit_id: str = ""
+    expires_at: float = 0.0
+    domain_id: str = "default"
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_admin(self) -> bool:
+        return "admin" in self.roles
+
+    @property
+    def can_write(self) -> bool:
+        """A reader may look; a member, manager or admin may also change things."""
+        return bool(self.roles & {"admin", "member", "manager"})
+
+
+# Compute's names for each status (nova/api/openstack/wsgi.py's fault names).
+_COMPUTE_NAMES = {
+    400: "badRequest",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "itemNotFound",
+    405: "badMethod",
+    406: "notAcceptable",
+    409: "conflictingRequest",
+    413: "overLimit",
+    415: "badMediaType",
+    429: "overLimit",
+    500: "computeFault",
+    501: "notImplemented",
+    503: "serviceUnavailable",
+}
+_TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    406: "Not Acceptable",
+    409: "Conflict",
+    413: "Request Entity Too Large",
+    415: "Unsupported Media Type",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+}
+_NEUTRON_TYPES = {
+    400: "BadRequest",
+    401: "NotAuthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "Conflict",
+    500: "InternalServerError",
+}
+
+
+ErrorStyle = Callable[[int, str, str | None, str], dict[str, Any]]
+
+
+def compute_error(status: int, message: str, code: str | None, request_id: str) -> dict[str, Any]:
+    return {_COMPUTE_NAMES.get(status, "computeFault"): {"code": status, "message": message}}
+
+
+def identity_error(status: int, message: str, code: str | None, request_id: str) -> dict[str, Any]:
+    return {"error": {"code": status, "title": _TITLES.get(status, "Error"), "message": message}}
+
+
+def image_error(status: int, message: str, code: str | None, request_id: str) -> dict[str, Any]:
+    title = _TITLES.get(status, "Error")
+    return {"code": f"{status} {title}", "title": title, "message": message}
+
+
+def network_error(status: int, message: str, code: str | None, request_id: str) -> dict[str, Any]:
+    kind = code or _NEUTRON_TYPES.get(status, "NeutronError")
+    return {"NeutronError": {"type": kind, "message": message, "detail": ""}}
+
+
+def placement_error(status: int, message: str, code: str | None, request_id: str) -> dict[str, Any]:
+    return {
+        "errors": [
+            {
+                "status": status,
+                "title": _TITLES.get(status, "Error"),
+                "detail": message,
+                "request_id": request_id,
+                "code": code or "placement.undefined_code",
+            }
+        ]
+    }
+
+
+_DOMAIN_STATUS: list[tuple[type[StowageError], int]] = [
+    (NotFound, 404),
+    (ConflictError, 409),
+    (InvalidSpec, 400),
+]
+
+
+def install_common(app: FastAPI, style: ErrorStyle, *, extra_headers: bool = False) -> None:
+    """Request ids on every response and errors rendered in `style`."""
+
+    def render(request: Request, status: int, message: str, code: str | None) -> JSONResponse:
+        request_id = getattr(request.state, "request_id", "")
+        return JSONResponse(style(status, message, code, request_id), status_code=status)
+
+    @app.middleware("http")
+    async def request_id(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        rid = request.headers.get("x-openstack-request-id") or f"req-{uuid.uuid4()}"
+        request.state.request_id = rid
+        response = await call_next(request)
+        response.headers["x-openstack-request-id"] = rid
+        if extra_headers:
+            response.headers["x-compute-request-id"] = rid
+        return response
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return render(request, exc.status, exc.message, exc.code)
+
+    @app.exception_handler(StowageError)
+    async def _domain_error(request: Request, exc: StowageError) -> JSONResponse:
+        status = next((s for kind, s in _DOMAIN_STATUS if isinstance(exc, kind)), 400)
+        return render(request, status, exc.message, exc.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = "The resource could not be found."
+        return render(request, exc.status_code, message, None)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return render(
+            request,
+            400,
+            f"Invalid input for field/attribute {where}: {first.get('msg', 'invalid')}",
+            None,
+        )
+
+
+async def json_body(request: Request, *, required: bool = True) -> Any:
+    """The request's JSON, or a 400 in the service's shape."""
+    raw = await request.body()
+    if not raw:
+        if required:
+            raise ApiError(400, "The request body is missing or is not valid JSON.")
+        return None
+    try:
+        import json
+
+        return json.loads(raw)
+    except ValueError:
+        raise ApiError(400, "Malformed request body: not valid JSON.") from None

@@ -1,0 +1,84 @@
+"""Compute v2.1 (Nova): discovery, microversions and the resource routers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from stowage.api.auth import cloud_of
+from stowage.api.common import compute_error, install_common
+from stowage.api.compute import (
+    aggregates,
+    availability_zones,
+    flavors,
+    hypervisors,
+    instance_actions,
+    keypairs,
+    limits_quotas,
+    migrations,
+    os_services,
+    server_groups,
+    servers,
+)
+from stowage.api.compute.microversion import MAX_VERSION, MIN_VERSION, install_microversions
+from stowage.services.cloud import Cloud
+
+__all__ = ["create_compute_app"]
+
+_ROUTERS = (
+    flavors,
+    server_groups,
+    keypairs,
+    hypervisors,
+    os_services,
+    aggregates,
+    availability_zones,
+    limits_quotas,
+    migrations,
+    servers,
+    instance_actions,
+)
+
+
+def _version(base: str) -> dict[str, Any]:
+    return {
+        "id": "v2.1",
+        "status": "CURRENT",
+        "version": f"{MAX_VERSION[0]}.{MAX_VERSION[1]}",
+        "min_version": f"{MIN_VERSION[0]}.{MIN_VERSION[1]}",
+        "updated": "2013-07-23T11:33:21Z",
+        "links": [{"rel": "self", "href": f"{base}/compute/v2.1/"}],
+        "media-types": [
+            {
+                "base": "application/json",
+                "type": "application/vnd.openstack.compute+json;version=2.1",
+            }
+        ],
+    }
+
+
+discovery = APIRouter()
+
+
+@discovery.get("/")
+async def versions(request: Request) -> JSONResponse:
+    return JSONResponse({"versions": [_version(cloud_of(request).config.base_url)]})
+
+
+@discovery.get("/v2.1")
+@discovery.get("/v2.1/")
+async def version(request: Request) -> JSONResponse:
+    return JSONResponse({"version": _version(cloud_of(request).config.base_url)})
+
+
+def create_compute_app(cloud: Cloud) -> FastAPI:
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.cloud = cloud
+    install_microversions(app)
+    install_common(app, compute_error, extra_headers=True)
+    app.include_router(discovery)
+    for module in _ROUTERS:
+        app.include_router(module.router, prefix="/v2.1")
+    return app

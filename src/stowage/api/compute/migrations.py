@@ -1,0 +1,7 @@
+"""Compute v2.1: migrations (in progress)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,40 @@
+"""Network v2.0 (Neutron subset): discovery and the resource router."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from stowage.api.auth import cloud_of
+from stowage.api.common import install_common, network_error
+from stowage.api.network import resources
+from stowage.services.cloud import Cloud
+
+__all__ = ["create_network_app"]
+
+discovery = APIRouter()
+
+
+@discovery.get("/")
+async def versions(request: Request) -> JSONResponse:
+    base = cloud_of(request).config.base_url
+    return JSONResponse(
+        {
+            "versions": [
+                {
+                    "id": "v2.0",
+                    "status": "CURRENT",
+                    "links": [{"rel": "self", "href": f"{base}/networking/v2.0/"}],
+                }
+            ]
+        }
+    )
+
+
+def create_network_app(cloud: Cloud) -> FastAPI:
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.cloud = cloud
+    install_common(app, network_error)
+    app.include_router(discovery)
+    app.include_router(resources.router, prefix="/v2.0")
+    return app

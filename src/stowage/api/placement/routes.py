@@ -1,0 +1,7 @@
+"""Placement routes (in progress)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter()

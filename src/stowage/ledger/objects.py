@@ -1,0 +1,174 @@
+"""A document store for API-level resources: flavors, users, images, networks and the like."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, and_, delete, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from stowage.domain.errors import ConflictError, NotFound
+from stowage.ledger.db import READONLY
+from stowage.ledger.schema import objects
+
+__all__ = ["Document", "ObjectStore"]
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    kind: str
+    id: str
+    project_id: str | None
+    name: str | None
+    created_at: float
+    updated_at: float
+    body: dict[str, Any]
+
+
+class ObjectStore:
+    """Put, get, list (filtered, paged by marker) and delete documents of one kind at a time."""
+
+    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self.clock = clock
+
+    def create(
+        self,
+        kind: str,
+        id: str,
+        body: Mapping[str, Any],
+        *,
+        project_id: str | None = None,
+        name: str | None = None,
+    ) -> Document:
+        now = self.clock()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    insert(objects),
+                    {
+                        "kind": kind,
+                        "id": id,
+                        "project_id": project_id,
+                        "name": name,
+                        "created_at": now,
+                        "updated_at": now,
+                        "body": json.dumps(dict(body), sort_keys=True),
+                    },
+                )
+        except IntegrityError:
+            raise ConflictError(f"{kind} {id} already exists") from None
+        return Document(kind, id, project_id, name, now, now, dict(body))
+
+    def put(
+        self,
+        kind: str,
+        id: str,
+        body: Mapping[str, Any],
+        *,
+        project_id: str | None = None,
+        name: str | None = None,
+    ) -> Document:
+        """Create or replace."""
+        existing = self.find(kind, id)
+        if existing is None:
+            return self.create(kind, id, body, project_id=project_id, name=name)
+        return self.update(kind, id, body, project_id=project_id, name=name)
+
+    def update(
+        self,
+        kind: str,
+        id: str,
+        body: Mapping[str, Any],
+        *,
+        project_id: str | None = None,
+        name: str | None = None,
+    ) -> Document:
+        now = self.clock()
+        values: dict[str, Any] = {"body": json.dumps(dict(body), sort_keys=True), "updated_at": now}
+        if project_id is not None:
+            values["project_id"] = project_id
+        if name is not None:
+            values["name"] = name
+        with self.engine.begin() as conn:
+            changed = conn.execute(
+                update(objects).where(objects.c.kind == kind, objects.c.id == id).values(**values)
+            ).rowcount
+        if not changed:
+            raise NotFound(f"{kind} {id} could not be found")
+        return self.get(kind, id)
+
+    def find(self, kind: str, id: str) -> Document | None:
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            row = conn.execute(
+                select(objects).where(objects.c.kind == kind, objects.c.id == id)
+            ).first()
+        return None if row is None else _doc(row)
+
+    def get(self, kind: str, id: str) -> Document:
+        found = self.find(kind, id)
+        if found is None:
+            raise NotFound(f"{kind} {id} could not be found")
+        return found
+
+    def delete(self, kind: str, id: str) -> bool:
+        with self.engine.begin() as conn:
+            return bool(
+                conn.execute(
+                    delete(objects).where(objects.c.kind == kind, objects.c.id == id)
+                ).rowcount
+            )
+
+    def list(
+        self,
+        kind: str,
+        *,
+        project_id: str | None = None,
+        name: str | None = None,
+        ids: Iterable[str] | None = None,
+        limit: int | None = None,
+        marker: str | None = None,
+    ) -> list[Document]:
+        """Oldest first; `marker` is the id of the last document of the previous page."""
+        query = select(objects).where(objects.c.kind == kind)
+        if project_id is not None:
+            query = query.where(objects.c.project_id == project_id)
+        if name is not None:
+            query = query.where(objects.c.name == name)
+        if ids is not None:
+            query = query.where(objects.c.id.in_(list(ids)))
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            if marker is not None:
+                anchor = conn.execute(
+                    select(objects.c.created_at).where(
+                        objects.c.kind == kind, objects.c.id == marker
+                    )
+                ).scalar()
+                if anchor is None:
+                    raise NotFound(f"marker {marker} could not be found")
+                query = query.where(
+                    or_(
+                        objects.c.created_at > anchor,
+                        and_(objects.c.created_at == anchor, objects.c.id > marker),
+                    )
+                )
+            query = query.order_by(objects.c.created_at, objects.c.id)
+            if limit is not None:
+                query = query.limit(limit)
+            return [_doc(row) for row in conn.execute(query)]
+
+
+def _doc(row: Any) -> Document:
+    return Document(
+        row.kind,
+        row.id,
+        row.project_id,
+        row.name,
+        row.created_at,
+        row.updated_at,
+        json.loads(row.body),
+    )

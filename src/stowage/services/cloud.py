@@ -1,0 +1,241 @@
+"""A whole cloud's state and the bootstrap that `stowage up` runs on a fresh state directory."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stowage.domain.errors import NotFound
+from stowage.domain.topology import HostSpec, HostTopology
+from stowage.ledger.ledger import Ledger
+from stowage.ledger.objects import Document, ObjectStore
+from stowage.services.scheduler import Scheduler
+from stowage.services.tokens import Tokens, hash_password, verify_password
+
+__all__ = ["Cloud", "CloudConfig", "bootstrap"]
+
+DEFAULT_DOMAIN = "default"
+ROLES = ("admin", "member", "reader", "manager")
+
+# devstack's flavors, plus a pinned one for the seed scenarios.
+DEFAULT_FLAVORS: tuple[tuple[str, str, int, int, int, dict[str, str]], ...] = (
+    ("1", "m1.tiny", 1, 512, 1, {}),
+    ("2", "m1.small", 1, 2048, 20, {}),
+    ("3", "m1.medium", 2, 4096, 40, {}),
+    ("4", "m1.large", 4, 8192, 80, {}),
+    ("5", "m1.xlarge", 8, 16384, 160, {}),
+    ("42", "m1.nano", 1, 128, 1, {}),
+    ("84", "m1.micro", 1, 192, 1, {}),
+    ("c1", "cirros256-pinned", 1, 256, 1, {"hw:cpu_policy": "dedicated"}),
+)
+
+
+@dataclass(slots=True)
+class CloudConfig:
+    state_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8880
+    hosts: int = 3
+    region: str = "RegionOne"
+    admin_password: str = "stowage-admin"
+    member_password: str = "stowage-demo"
+    service_down_time_s: float = 60.0
+    heartbeat_interval_s: float = 10.0
+    topology: list[HostSpec] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class Cloud:
+    """The ledger, the document store, tokens and the scheduler of one running cloud."""
+
+    def __init__(
+        self, config: CloudConfig, ledger: Ledger, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.clock = clock
+        self.objects = ObjectStore(ledger.engine, clock=clock)
+        self.tokens = Tokens(_token_key(config.state_dir), clock=clock)
+        self.scheduler = Scheduler(ledger, clock=clock)
+        # One scheduling decision cycle at a time per process; several processes may still race.
+        self.schedule_lock = threading.Lock()
+
+    # -- identity lookups -------------------------------------------------------------
+
+    def find_by_name(self, kind: str, name: str, *, domain_id: str | None = None) -> Document:
+        for doc in self.objects.list(kind, name=name):
+            if domain_id is None or doc.body.get("domain_id", DEFAULT_DOMAIN) == domain_id:
+                return doc
+        raise NotFound(f"Could not find {kind}: {name}.")
+
+    def authenticate(self, user_id: str, password: str) -> Document | None:
+        user = self.objects.find("user", user_id)
+        if user is None or not user.body.get("enabled", True):
+            return None
+        if not verify_password(password, user.body.get("password_hash", "")):
+            return None
+        return user
+
+    def roles_of(self, user_id: str, project_id: str) -> tuple[str, ...]:
+        names = []
+        for doc in self.objects.list("assignment", project_id=project_id):
+            if doc.body.get("user_id") == user_id:
+                role = self.objects.find("role", doc.body["role_id"])
+                if role is not None:
+                    names.append(role.name or "")
+        # Keystone's implied roles: admin implies manager, member and reader.
+        implied = {
+            "admin": ("manager", "member", "reader"),
+            "manager": ("member", "reader"),
+            "member": ("reader",),
+        }
+        out = set(names)
+        for name in names:
+            out.update(implied.get(name, ()))
+        return tuple(sorted(out))
+
+    def catalog(self) -> list[dict[str, object]]:
+        base = self.config.base_url
+        region = self.config.region
+        entries = [
+            ("identity", "keystone", f"{base}/identity"),
+            ("compute", "nova", f"{base}/compute/v2.1"),
+            ("image", "glance", f"{base}/image"),
+            ("network", "neutron", f"{base}/networking"),
+            ("placement", "placement", f"{base}/placement"),
+        ]
+        return [
+            {
+                "type": kind,
+                "name": name,
+                "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-service:{kind}")),
+                "endpoints": [
+                    {
+                        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-ep:{kind}:{iface}")),
+                        "interface": iface,
+                        "region": region,
+                        "region_id": region,
+                        "url": url,
+                    }
+                    for iface in ("public", "internal", "admin")
+                ],
+            }
+            for kind, name, url in entries
+        ]
+
+
+def _token_key(state_dir: Path) -> bytes:
+    path = state_dir / "token.key"
+    if path.exists():
+        return path.read_bytes().strip()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    key = Tokens.new_key()
+    path.write_bytes(key)
+    path.chmod(0o600)
+    return key
+
+
+def default_hosts(count: int) -> list[HostSpec]:
+    """`count` simulated hosts: 2 NUMA cells x 8 cores x 2 threads, 64 GiB."""
+    topology = HostTopology.uniform(
+        cells=2, cores_per_cell=8, threads_per_core=2, memory_mb_per_cell=32768
+    )
+    return [
+        HostSpec(f"host{i + 1}", topology, disk_gb=1000, labels={"rack": f"r{i % 2 + 1}"})
+        for i in range(count)
+    ]
+
+
+def bootstrap(cloud: Cloud) -> None:
+    """Create what a fresh cloud starts with; does nothing on a cloud that already has it."""
+    objects = cloud.objects
+    if objects.find("domain", DEFAULT_DOMAIN) is not None:
+        return
+    objects.create(
+        "domain",
+        DEFAULT_DOMAIN,
+        {"id": DEFAULT_DOMAIN, "name": "Default", "enabled": True, "description": ""},
+        name="Default",
+    )
+    role_ids = {}
+    for role in ROLES:
+        role_id = uuid.uuid4().hex
+        role_ids[role] = role_id
+        objects.create("role", role_id, {"id": role_id, "name": role, "domain_id": None}, name=role)
+    projects = {}
+    for name in ("admin", "demo", "service"):
+        project_id = uuid.uuid4().hex
+        projects[name] = project_id
+        objects.create(
+            "project",
+            project_id,
+            {
+                "id": project_id,
+                "name": name,
+                "domain_id": DEFAULT_DOMAIN,
+                "enabled": True,
+                "description": "",
+                "is_domain": False,
+                "parent_id": DEFAULT_DOMAIN,
+                "tags": [],
+            },
+            project_id=project_id,
+            name=name,
+        )
+    users = {
+        "admin": (cloud.config.admin_password, [("admin", "admin"), ("demo", "admin")]),
+        "demo": (cloud.config.member_password, [("demo", "member")]),
+    }
+    for name, (password, grants) in users.items():
+        user_id = uuid.uuid4().hex
+        objects.create(
+            "user",
+            user_id,
+            {
+                "id": user_id,
+                "name": name,
+                "domain_id": DEFAULT_DOMAIN,
+                "enabled": True,
+                "password_hash": hash_password(password),
+                "default_project_id": projects[grants[0][0]],
+            },
+            name=name,
+        )
+        for project, role in grants:
+            grant_id = f"{user_id}:{projects[project]}:{role_ids[role]}"
+            objects.create(
+                "assignment",
+                grant_id,
+                {"user_id": user_id, "project_id": projects[project], "role_id": role_ids[role]},
+                project_id=projects[project],
+            )
+    for flavor_id, name, vcpus, ram, disk, specs in DEFAULT_FLAVORS:
+        objects.create(
+            "flavor",
+            flavor_id,
+            {
+                "id": flavor_id,
+                "name": name,
+                "vcpus": vcpus,
+                "ram": ram,
+                "disk": disk,
+                "ephemeral": 0,
+                "swap": 0,
+                "rxtx_factor": 1.0,
+                "is_public": True,
+                "disabled": False,
+                "description": None,
+                "extra_specs": specs,
+            },
+            name=name,
+        )
+    hosts = cloud.config.topology or default_hosts(cloud.config.hosts)
+    for spec in hosts:
+        cloud.ledger.register_host(spec)

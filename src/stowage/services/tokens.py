@@ -1,0 +1,118 @@
+"""Signed, expiring tokens (Fernet, as Keystone uses) and password hashing."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cryptography.fernet import Fernet, InvalidToken
+
+__all__ = ["TokenError", "TokenPayload", "Tokens", "hash_password", "verify_password"]
+
+_SCRYPT_N = 2**14  # slow enough to make guessing expensive, fast enough for a CLI per call
+_SCRYPT_R = 8
+_SCRYPT_P = 1
+
+
+def hash_password(password: str, *, salt: bytes | None = None) -> str:
+    salt = salt or os.urandom(16)
+    digest = hashlib.scrypt(
+        password.encode(), salt=salt, n=_SCRYPT_N, r=_SCRYPT_R, p=_SCRYPT_P, dklen=32
+    )
+    return "scrypt$" + base64.b64encode(salt).decode() + "$" + base64.b64encode(digest).decode()
+
+
+def verify_password(password: str, stored: str) -> bool:
+    try:
+        scheme, salt_b64, digest_b64 = stored.split("$")
+    except ValueError:
+        return False
+    if scheme != "scrypt":
+        return False
+    salt = base64.b64decode(salt_b64)
+    digest = hashlib.scrypt(
+        password.encode(), salt=salt, n=_SCRYPT_N, r=_SCRYPT_R, p=_SCRYPT_P, dklen=32
+    )
+    return hmac.compare_digest(digest, base64.b64decode(digest_b64))
+
+
+class TokenError(Exception):
+    """The token is malformed, forged or expired."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPayload:
+    user_id: str
+    project_id: str
+    roles: tuple[str, ...]
+    issued_at: float
+    expires_at: float
+    audit_id: str
+    methods: tuple[str, ...] = ("password",)
+
+
+class Tokens:
+    """Issues and validates tokens with a key kept in the state directory."""
+
+    def __init__(
+        self, key: bytes, *, ttl_s: float = 3600.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._fernet = Fernet(key)
+        self.ttl_s = ttl_s
+        self.clock = clock
+
+    @staticmethod
+    def new_key() -> bytes:
+        return Fernet.generate_key()
+
+    def issue(
+        self, user_id: str, project_id: str, roles: tuple[str, ...], *, methods: tuple[str, ...]
+    ) -> tuple[str, TokenPayload]:
+        now = self.clock()
+        payload = TokenPayload(
+            user_id=user_id,
+            project_id=project_id,
+            roles=roles,
+            issued_at=now,
+            expires_at=now + self.ttl_s,
+            audit_id=secrets.token_urlsafe(16),
+            methods=methods,
+        )
+        raw = json.dumps(
+            {
+                "u": payload.user_id,
+                "p": payload.project_id,
+                "r": list(payload.roles),
+                "i": payload.issued_at,
+                "e": payload.expires_at,
+                "a": payload.audit_id,
+                "m": list(payload.methods),
+            }
+        ).encode()
+        return self._fernet.encrypt(raw).decode(), payload
+
+    def validate(self, token: str) -> TokenPayload:
+        try:
+            raw = self._fernet.decrypt(token.encode())
+        except (InvalidToken, ValueError):
+            raise TokenError("The request you have made requires authentication.") from None
+        data = json.loads(raw)
+        payload = TokenPayload(
+            user_id=data["u"],
+            project_id=data["p"],
+            roles=tuple(data["r"]),
+            issued_at=data["i"],
+            expires_at=data["e"],
+            audit_id=data["a"],
+            methods=tuple(data.get("m", ["password"])),
+        )
+        if payload.expires_at <= self.clock():
+            raise TokenError("The token has expired.")
+        return payload

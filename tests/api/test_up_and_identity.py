@@ -1,0 +1,117 @@
+"""`stowage up` and identity: the CLI authenticates, discovers and lists the catalog."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from tests.api.cloudproc import RunningCloud, start_cloud, stop_cloud
+
+
+def test_the_cli_authenticates_and_reads_the_catalog(cloud: RunningCloud) -> None:
+    rows = cloud.osc_json("catalog", "list")
+    types = {row["Type"] for row in rows}
+    assert {"identity", "compute", "image", "network", "placement"} <= types
+
+
+def test_every_prefix_answers_its_discovery_document(cloud: RunningCloud) -> None:
+    identity = httpx.get(f"{cloud.base_url}/identity")
+    assert identity.status_code == 300
+    assert identity.json()["versions"]["values"][0]["id"] == "v3.14"
+    compute = httpx.get(f"{cloud.base_url}/compute/v2.1").json()["version"]
+    assert compute["min_version"] == "2.1"
+    assert tuple(int(x) for x in compute["version"].split(".")) >= (2, 95)
+    image = httpx.get(f"{cloud.base_url}/image")
+    assert image.status_code == 300
+    assert image.json()["versions"][0]["links"][0]["href"].endswith("/image/v2/")
+    assert httpx.get(f"{cloud.base_url}/networking").json()["versions"][0]["id"] == "v2.0"
+
+
+def test_every_response_carries_a_request_id(cloud: RunningCloud) -> None:
+    for path in ("/identity/v3", "/compute/v2.1", "/compute/v2.1/servers"):
+        response = httpx.get(f"{cloud.base_url}{path}")
+        assert response.headers["x-openstack-request-id"].startswith("req-")
+
+
+def test_compute_refuses_an_unsupported_microversion_with_406(cloud: RunningCloud) -> None:
+    response = httpx.get(
+        f"{cloud.base_url}/compute/v2.1/", headers={"OpenStack-API-Version": "compute 2.200"}
+    )
+    assert response.status_code == 406
+    assert "maximum is" in response.json()["notAcceptable"]["message"]
+
+
+def test_a_wrong_password_is_401_in_keystone_shape(cloud: RunningCloud) -> None:
+    body = {
+        "auth": {
+            "identity": {
+                "methods": ["password"],
+                "password": {
+                    "user": {"name": "admin", "domain": {"name": "Default"}, "password": "wrong"}
+                },
+            }
+        }
+    }
+    response = httpx.post(f"{cloud.base_url}/identity/v3/auth/tokens", json=body)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == 401
+
+
+def test_a_revoked_token_is_refused(cloud: RunningCloud) -> None:
+    admin = cloud.token()
+    victim = cloud.token()
+    url = f"{cloud.base_url}/identity/v3/auth/tokens"
+    assert (
+        httpx.head(url, headers={"X-Auth-Token": admin, "X-Subject-Token": victim}).status_code
+        == 200
+    )
+    assert (
+        httpx.delete(url, headers={"X-Auth-Token": admin, "X-Subject-Token": victim}).status_code
+        == 204
+    )
+    assert (
+        httpx.head(url, headers={"X-Auth-Token": admin, "X-Subject-Token": victim}).status_code
+        == 401
+    )
+
+
+def test_a_second_up_on_a_busy_port_says_so(cloud: RunningCloud, tmp_path: Path) -> None:
+    port = cloud.base_url.rsplit(":", 1)[1]
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "stowage"),
+            "up",
+            "--state-dir",
+            str(tmp_path / "s"),
+            "--port",
+            port,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "already in use" in result.stderr
+
+
+def test_restarting_on_the_same_state_dir_brings_back_the_same_cloud(tmp_path: Path) -> None:
+    first = start_cloud(tmp_path / "state")
+    try:
+        token = first.token()
+    finally:
+        stop_cloud(first)
+    assert first.process.returncode == 0, "SIGTERM must stop the cloud cleanly"
+    assert "Stowage stopped." in first.log.read_text()
+    second = start_cloud(tmp_path / "state")
+    try:
+        url = f"{second.base_url}/identity/v3/auth/tokens"
+        fresh = second.token()
+        # The same users, projects and token key: the first process's token is still valid.
+        check = httpx.get(url, headers={"X-Auth-Token": fresh, "X-Subject-Token": token})
+        assert check.status_code == 200
+        assert check.json()["token"]["user"]["name"] == "admin"
+    finally:
+        stop_cloud(second)
