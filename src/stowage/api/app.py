@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -30,15 +34,35 @@ class _BarePrefix:
         await self.app(scope, receive, send)
 
 
+@contextlib.asynccontextmanager
+async def _lifespan(app: Starlette) -> AsyncIterator[None]:
+    """Until compute agents run (their own issue), the simulated hosts heartbeat from here."""
+    cloud: Cloud = app.state.cloud
+
+    async def beat() -> None:
+        while True:
+            await asyncio.to_thread(cloud.ledger.heartbeat)
+            await asyncio.sleep(cloud.config.heartbeat_interval_s)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 def create_app(cloud: Cloud) -> ASGIApp:
     app = Starlette(
+        lifespan=_lifespan,
         routes=[
             Mount("/identity", app=create_identity_app(cloud)),
             Mount("/compute", app=create_compute_app(cloud)),
             Mount("/image", app=create_image_app(cloud)),
             Mount("/networking", app=create_network_app(cloud)),
             Mount("/placement", app=create_placement_app(cloud)),
-        ]
+        ],
     )
     app.state.cloud = cloud
     return _BarePrefix(app)

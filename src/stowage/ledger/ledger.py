@@ -186,8 +186,12 @@ class Ledger:
         disabled: bool | None = None,
         forced_down: bool | None = None,
         last_seen: float | None = None,
+        availability_zone: str | None = None,
     ) -> None:
+        """Change what the scheduler reads about a host; every change is in the change log."""
         values: dict[str, Any] = {}
+        if availability_zone is not None:
+            values["availability_zone"] = availability_zone
         if disabled is not None:
             values["disabled"] = disabled
         if forced_down is not None:
@@ -201,6 +205,14 @@ class Ledger:
             if host_id is None:
                 raise NotFound(f"host {name!r} not found")
             conn.execute(insert(changes), {"host_id": host_id, "at": self.clock()})
+
+    def heartbeat(self, names: Sequence[str] | None = None) -> None:
+        """Record that hosts' services are alive now (all hosts when `names` is None)."""
+        query = update(hosts).values(last_seen=self.clock())
+        if names is not None:
+            query = query.where(hosts.c.name.in_(list(names)))
+        with self.engine.begin() as conn:
+            conn.execute(query)
 
     def host_id(self, name: str) -> int:
         with self.engine.connect().execution_options(**READONLY) as conn:

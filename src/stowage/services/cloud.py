@@ -13,6 +13,8 @@ from stowage.domain.errors import NotFound
 from stowage.domain.topology import HostSpec, HostTopology
 from stowage.ledger.ledger import Ledger
 from stowage.ledger.objects import Document, ObjectStore
+from stowage.services.images import bootstrap_images
+from stowage.services.networks import bootstrap_networks
 from stowage.services.scheduler import Scheduler
 from stowage.services.tokens import Tokens, hash_password, verify_password
 
@@ -239,3 +241,5 @@ def bootstrap(cloud: Cloud) -> None:
     hosts = cloud.config.topology or default_hosts(cloud.config.hosts)
     for spec in hosts:
         cloud.ledger.register_host(spec)
+    bootstrap_images(cloud, projects["admin"])
+    bootstrap_networks(cloud, projects)
