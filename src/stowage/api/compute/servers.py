@@ -1,7 +1,549 @@
-"""Compute v2.1: servers (in progress)."""
+"""Compute v2.1: servers (create, list, detail, show, update, delete), actions, topology."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import asyncio
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from stowage.api.auth import cloud_of, require_context
+from stowage.api.common import ApiError, Context, json_body
+from stowage.api.compute.microversion import mv
+from stowage.domain.errors import InvalidSpec, NotFound
+from stowage.ledger.objects import Document
+from stowage.services.cloud import Cloud
+from stowage.services.compute import (
+    BuildRequest,
+    build_servers,
+    delete_server,
+    instance_topology,
+    power_action,
+    record_action,
+)
 
 router = APIRouter()
+
+_NAME_MAX = 255
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _visible(ctx: Context, doc: Document, *, all_tenants: bool = False) -> bool:
+    return doc.project_id == ctx.project_id or (ctx.is_admin and all_tenants)
+
+
+def load_server(cloud: Cloud, ctx: Context, server_id: str) -> Document:
+    """The server, or a 404 (also for another project's server: its existence is not told)."""
+    doc = cloud.objects.find("instance", server_id)
+    if doc is None or not (doc.project_id == ctx.project_id or ctx.is_admin):
+        raise ApiError(404, f"Instance {server_id} could not be found.")
+    return doc
+
+
+def _links(request: Request, kind: str, item_id: str) -> list[dict[str, str]]:
+    base = cloud_of(request).config.base_url
+    return [
+        {"rel": "self", "href": f"{base}/compute/v2.1/{kind}/{item_id}"},
+        {"rel": "bookmark", "href": f"{base}/compute/{kind}/{item_id}"},
+    ]
+
+
+def _flavor_view(request: Request, flavor: dict[str, Any]) -> dict[str, Any]:
+    if mv(request) >= (2, 47):
+        view = {
+            "vcpus": flavor["vcpus"],
+            "ram": flavor["ram"],
+            "disk": flavor["disk"],
+            "ephemeral": flavor.get("ephemeral", 0),
+            "swap": flavor.get("swap", 0),
+            "original_name": flavor["name"],
+        }
+        if mv(request) >= (2, 47):
+            view["extra_specs"] = dict(flavor.get("extra_specs") or {})
+        return view
+    return {"id": flavor["id"], "links": _links(request, "flavors", flavor["id"])}
+
+
+def server_view(
+    request: Request, ctx: Context, doc: Document, *, brief: bool = False
+) -> dict[str, Any]:
+    body = doc.body
+    if brief:
+        return {"id": doc.id, "name": body["name"], "links": _links(request, "servers", doc.id)}
+    version = mv(request)
+    host = body.get("host")
+    view: dict[str, Any] = {
+        "id": doc.id,
+        "name": body["name"],
+        "status": body["status"],
+        "tenant_id": body["project_id"],
+        "user_id": body["user_id"],
+        "metadata": body.get("metadata") or {},
+        "hostId": _host_id(body["project_id"], host),
+        "image": {"id": body["image_id"], "links": _links(request, "images", body["image_id"])}
+        if body.get("image_id")
+        else "",
+        "flavor": _flavor_view(request, body["flavor"]),
+        "created": _iso(doc.created_at),
+        "updated": _iso(doc.updated_at),
+        "addresses": body.get("addresses") or {},
+        "accessIPv4": "",
+        "accessIPv6": "",
+        "links": _links(request, "servers", doc.id),
+        "OS-DCF:diskConfig": "MANUAL",
+        "progress": 0,
+        "OS-EXT-AZ:availability_zone": body.get("availability_zone") or "nova",
+        "config_drive": "",
+        "key_name": body.get("key_name"),
+        "OS-SRV-USG:launched_at": _iso(body.get("launched_at")),
+        "OS-SRV-USG:terminated_at": None,
+        "security_groups": [{"name": n} for n in body.get("security_groups") or []],
+        "OS-EXT-STS:task_state": body.get("task_state"),
+        "OS-EXT-STS:vm_state": body["vm_state"],
+        "OS-EXT-STS:power_state": body["power_state"],
+        "os-extended-volumes:volumes_attached": [],
+    }
+    if ctx.is_admin:
+        view["OS-EXT-SRV-ATTR:host"] = host
+        view["OS-EXT-SRV-ATTR:hypervisor_hostname"] = host
+        view["OS-EXT-SRV-ATTR:instance_name"] = "instance-" + doc.id[:8]
+        if version >= (2, 3):
+            view.update(
+                {
+                    "OS-EXT-SRV-ATTR:hostname": re.sub(r"[^a-z0-9-]", "-", body["name"].lower()),
+                    "OS-EXT-SRV-ATTR:reservation_id": body.get("reservation_id"),
+                    "OS-EXT-SRV-ATTR:launch_index": body.get("launch_index", 0),
+                    "OS-EXT-SRV-ATTR:kernel_id": "",
+                    "OS-EXT-SRV-ATTR:ramdisk_id": "",
+                    "OS-EXT-SRV-ATTR:root_device_name": "/dev/vda",
+                    "OS-EXT-SRV-ATTR:user_data": None,
+                }
+            )
+    if body["status"] == "ERROR" and body.get("fault"):
+        fault = dict(body["fault"])
+        fault["created"] = _iso(fault.get("created"))
+        if not ctx.is_admin:
+            fault.pop("details", None)
+        view["fault"] = fault
+    if version >= (2, 9):
+        view["locked"] = bool(body.get("locked"))
+    if version >= (2, 16):
+        view["host_status"] = "UP" if host else ""
+    if version >= (2, 19):
+        view["description"] = body.get("description")
+    if version >= (2, 26):
+        view["tags"] = list(body.get("tags") or [])
+    if version >= (2, 63):
+        view["trusted_image_certificates"] = None
+    if version >= (2, 71):
+        view["server_groups"] = [body["group_id"]] if body.get("group_id") else []
+    if version >= (2, 73):
+        view["locked_reason"] = body.get("locked_reason")
+    if version >= (2, 96):
+        view["pinned_availability_zone"] = body.get("availability_zone")
+    return view
+
+
+def _host_id(project_id: str, host: str | None) -> str:
+    if not host:
+        return ""
+    import hashlib
+
+    return hashlib.sha224((project_id + host).encode()).hexdigest()
+
+
+def _one(value: Any, field: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ApiError(
+            400,
+            f"Invalid input for field/attribute {field}. "
+            f"Value: {value}. {value!r} is not an integer",
+        ) from None
+    if number < 1:
+        raise ApiError(
+            400,
+            f"Invalid input for field/attribute {field}. "
+            f"Value: {value}. {number} is less than the minimum of 1",
+        )
+    return number
+
+
+def _parse_create(cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
+    if not isinstance(body, dict) or not isinstance(body.get("server"), dict):
+        raise ApiError(
+            400, "Invalid input for field/attribute server: 'server' is a required property"
+        )
+    server = body["server"]
+    name = server.get("name")
+    if not isinstance(name, str) or not name.strip() or len(name) > _NAME_MAX:
+        raise ApiError(
+            400, "Invalid input for field/attribute name: a name of 1 to 255 characters is required"
+        )
+    flavor_ref = server.get("flavorRef")
+    if flavor_ref is None:
+        raise ApiError(
+            400, "Invalid input for field/attribute flavorRef: 'flavorRef' is a required property"
+        )
+    flavor_id = str(flavor_ref).rstrip("/").rsplit("/", 1)[-1]
+    flavor = cloud.objects.find("flavor", flavor_id)
+    if flavor is None:
+        raise ApiError(400, f"Flavor {flavor_ref} could not be found.")
+    image_ref = server.get("imageRef") or ""
+    bdms = server.get("block_device_mapping_v2") or []
+    if not image_ref:
+        image_ref = next((b.get("uuid") for b in bdms if b.get("source_type") == "image"), "")
+    image_properties: dict[str, str] = {}
+    if image_ref:
+        image_id = str(image_ref).rstrip("/").rsplit("/", 1)[-1]
+        image = cloud.objects.find("image", image_id)
+        if image is None:
+            raise ApiError(400, f"Image {image_ref} could not be found.")
+        image_properties = {k: str(v) for k, v in image.body.items() if isinstance(v, str)}
+        image_ref = image_id
+    elif not bdms:
+        raise ApiError(
+            400,
+            "Invalid input for field/attribute imageRef: an image or a "
+            "block device mapping is required",
+        )
+    min_count = _one(server.get("min_count", 1), "min_count")
+    max_count = _one(server.get("max_count", min_count), "max_count")
+    if min_count > max_count:
+        raise ApiError(400, "min_count must be <= max_count")
+    hints = body.get("OS-SCH-HNT:scheduler_hints") or body.get("os:scheduler_hints") or {}
+    if not isinstance(hints, dict):
+        raise ApiError(400, "Invalid input for field/attribute scheduler_hints: not an object")
+    zone, force_host = _parse_zone(ctx, server.get("availability_zone"))
+    group = hints.get("group")
+    if isinstance(group, list):
+        group = group[0] if group else None
+    networks = server.get("networks", "auto")
+    if isinstance(networks, list):
+        for net in networks:
+            net_id = net.get("uuid") if isinstance(net, dict) else None
+            if net_id and cloud.objects.find("network", net_id) is None:
+                raise ApiError(400, f"Network {net_id} could not be found.")
+    return BuildRequest(
+        name=name,
+        flavor=dict(flavor.body),
+        image_id=image_ref,
+        project_id=ctx.project_id,
+        user_id=ctx.user_id,
+        min_count=min_count,
+        max_count=max_count,
+        availability_zone=zone,
+        force_host=force_host,
+        group_id=str(group) if group else None,
+        same_host=_as_list(hints.get("same_host")),
+        different_host=_as_list(hints.get("different_host")),
+        networks=networks,
+        metadata=dict(server.get("metadata") or {}),
+        key_name=server.get("key_name"),
+        description=server.get("description"),
+        security_groups=[g.get("name", "default") for g in server.get("security_groups") or []]
+        or ["default"],
+        hints=dict(hints),
+        image_properties=image_properties,
+        tags=list(server.get("tags") or []),
+    )
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def _parse_zone(ctx: Context, raw: Any) -> tuple[str | None, str | None]:
+    if not raw:
+        return None, None
+    zone, _, rest = str(raw).partition(":")
+    host = rest.partition(":")[0] or None
+    if host is not None and not ctx.is_admin:
+        raise ApiError(
+            403, "Policy doesn't allow os_compute_api:servers:create:forced_host to be performed."
+        )
+    return zone or None, host
+
+
+def _check_quota(cloud: Cloud, ctx: Context, build: BuildRequest) -> None:
+    quota = cloud.objects.find("quota", ctx.project_id)
+    limits = {"instances": 10, "cores": 20, "ram": 51200}
+    if quota is not None:
+        limits.update({k: int(v) for k, v in quota.body.items() if k in limits})
+    used = {"instances": 0, "cores": 0, "ram": 0}
+    for doc in cloud.objects.list("instance", project_id=ctx.project_id):
+        used["instances"] += 1
+        used["cores"] += int(doc.body["flavor"]["vcpus"])
+        used["ram"] += int(doc.body["flavor"]["ram"])
+    wanted = {
+        "instances": build.min_count,
+        "cores": build.min_count * int(build.flavor["vcpus"]),
+        "ram": build.min_count * int(build.flavor["ram"]),
+    }
+    over = [
+        r
+        for r in ("instances", "cores", "ram")
+        if limits[r] >= 0 and used[r] + wanted[r] > limits[r]
+    ]
+    if over:
+        detail = ", ".join(
+            f"{r} (requested {wanted[r]}, used {used[r]}, quota {limits[r]})" for r in over
+        )
+        raise ApiError(403, f"Quota exceeded for {', '.join(over)}: {detail}")
+
+
+@router.post("/servers")
+async def create_server(request: Request) -> JSONResponse:
+    ctx = require_context(request)
+    if not ctx.can_write:
+        raise ApiError(403, "Policy doesn't allow os_compute_api:servers:create to be performed.")
+    cloud = cloud_of(request)
+    payload = await json_body(request)
+    build = _parse_create(cloud, ctx, payload)
+    _check_quota(cloud, ctx, build)
+    try:
+        docs = await asyncio.to_thread(build_servers, cloud, build, request.state.request_id)
+    except InvalidSpec as exc:
+        raise ApiError(400, str(exc)) from None
+    except NotFound as exc:
+        raise ApiError(400, str(exc)) from None
+    first = docs[0]
+    body: dict[str, Any] = {
+        "server": {
+            "id": first["id"],
+            "links": _links(request, "servers", first["id"]),
+            "OS-DCF:diskConfig": "MANUAL",
+            "security_groups": [{"name": n} for n in first["security_groups"]],
+            "adminPass": "stowage",
+        }
+    }
+    if payload["server"].get("return_reservation_id"):
+        body = {"reservation_id": first["reservation_id"]}
+    return JSONResponse(body, status_code=202)
+
+
+def _list(request: Request, *, detail: bool) -> JSONResponse:
+    ctx = require_context(request)
+    cloud = cloud_of(request)
+    query = request.query_params
+    all_tenants = query.get("all_tenants", "").lower() in ("1", "true", "yes", "")
+    all_tenants = ctx.is_admin and "all_tenants" in query and all_tenants
+    project = query.get("project_id") or query.get("tenant_id")
+    if project and ctx.is_admin:
+        docs = cloud.objects.list("instance", project_id=project)
+    elif all_tenants:
+        docs = cloud.objects.list("instance")
+    else:
+        docs = cloud.objects.list("instance", project_id=ctx.project_id)
+    docs = [d for d in docs if _matches(d, query, ctx)]
+    docs.sort(key=lambda d: (d.created_at, d.id), reverse=True)
+    marker = query.get("marker")
+    if marker:
+        ids = [d.id for d in docs]
+        if marker not in ids:
+            raise ApiError(400, f"marker [{marker}] not found")
+        docs = docs[ids.index(marker) + 1 :]
+    limit = query.get("limit")
+    links = []
+    if limit is not None:
+        count = _limit(limit)
+        if len(docs) > count:
+            docs = docs[:count]
+            base = cloud.config.base_url
+            kind = "servers/detail" if detail else "servers"
+            links = [
+                {
+                    "rel": "next",
+                    "href": f"{base}/compute/v2.1/{kind}?limit={count}&marker={docs[-1].id}",
+                }
+            ]
+    servers = [server_view(request, ctx, d, brief=not detail) for d in docs]
+    body: dict[str, Any] = {"servers": servers}
+    if links:
+        body["servers_links"] = links
+    return JSONResponse(body)
+
+
+def _limit(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, f"Invalid input for query parameters limit. Value: {raw}.") from None
+    if value < 0:
+        raise ApiError(400, f"Invalid input for query parameters limit. Value: {raw}.")
+    return value
+
+
+def _matches(doc: Document, query: Any, ctx: Context) -> bool:
+    body = doc.body
+    name = query.get("name")
+    if name:
+        try:
+            if not re.search(name, body["name"]):
+                return False
+        except re.error:
+            if name != body["name"]:
+                return False
+    status = query.get("status")
+    if status and body["status"].lower() != status.lower():
+        return False
+    host = query.get("host")
+    if host and ctx.is_admin and body.get("host") != host:
+        return False
+    flavor = query.get("flavor")
+    if flavor and body["flavor"].get("id") != flavor:
+        return False
+    image = query.get("image")
+    if image and body.get("image_id") != image:
+        return False
+    since = query.get("changes-since")
+    if since:
+        try:
+            stamp = datetime.fromisoformat(since.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            raise ApiError(
+                400, f"Invalid input for query parameters changes-since. Value: {since}."
+            ) from None
+        if doc.updated_at < stamp:
+            return False
+    return True
+
+
+@router.get("/servers")
+async def list_servers(request: Request) -> JSONResponse:
+    return await asyncio.to_thread(_list, request, detail=False)
+
+
+@router.get("/servers/detail")
+async def list_servers_detail(request: Request) -> JSONResponse:
+    return await asyncio.to_thread(_list, request, detail=True)
+
+
+@router.get("/servers/{server_id}")
+async def show_server(request: Request, server_id: str) -> JSONResponse:
+    ctx = require_context(request)
+    doc = load_server(cloud_of(request), ctx, server_id)
+    return JSONResponse({"server": server_view(request, ctx, doc)})
+
+
+@router.put("/servers/{server_id}")
+async def update_server(request: Request, server_id: str) -> JSONResponse:
+    ctx = require_context(request)
+    if not ctx.can_write:
+        raise ApiError(403, "Policy doesn't allow os_compute_api:servers:update to be performed.")
+    cloud = cloud_of(request)
+    doc = load_server(cloud, ctx, server_id)
+    payload = await json_body(request)
+    server = payload.get("server") if isinstance(payload, dict) else None
+    if not isinstance(server, dict):
+        raise ApiError(400, "Invalid input for field/attribute server: 'server' is required")
+    unknown = set(server) - {
+        "name",
+        "description",
+        "accessIPv4",
+        "accessIPv6",
+        "OS-DCF:diskConfig",
+        "hostname",
+    }
+    if unknown:
+        raise ApiError(
+            400, f"Additional properties are not allowed ({sorted(unknown)[0]!r} was unexpected)"
+        )
+    body = dict(doc.body)
+    if "name" in server:
+        name = server["name"]
+        if not isinstance(name, str) or not name.strip() or len(name) > _NAME_MAX:
+            raise ApiError(400, "Invalid input for field/attribute name")
+        body["name"] = name
+    if "description" in server:
+        body["description"] = server["description"]
+    updated = cloud.objects.update("instance", server_id, body, name=body["name"])
+    return JSONResponse({"server": server_view(request, ctx, updated)})
+
+
+@router.delete("/servers/{server_id}")
+async def remove_server(request: Request, server_id: str) -> Response:
+    ctx = require_context(request)
+    if not ctx.can_write:
+        raise ApiError(403, "Policy doesn't allow os_compute_api:servers:delete to be performed.")
+    cloud = cloud_of(request)
+    doc = load_server(cloud, ctx, server_id)
+    if doc.body.get("locked") and not ctx.is_admin:
+        raise ApiError(409, f"Instance {server_id} is locked")
+    await asyncio.to_thread(delete_server, cloud, server_id)
+    return Response(status_code=204)
+
+
+_POWER_ACTIONS = {"os-stop", "os-start", "reboot", "pause", "unpause", "suspend", "resume"}
+_ADMIN_ACTIONS = {"os-resetState", "os-migrateLive", "migrate", "evacuate"}
+
+
+@router.post("/servers/{server_id}/action")
+async def server_action(request: Request, server_id: str) -> Response:
+    ctx = require_context(request)
+    cloud = cloud_of(request)
+    doc = load_server(cloud, ctx, server_id)
+    payload = await json_body(request)
+    if not isinstance(payload, dict) or len(payload) != 1:
+        raise ApiError(400, "Invalid action: the body must name exactly one action")
+    action, args = next(iter(payload.items()))
+    if action in _ADMIN_ACTIONS and not ctx.is_admin:
+        raise ApiError(403, f"Policy doesn't allow os_compute_api:{action} to be performed.")
+    if not ctx.can_write:
+        raise ApiError(403, f"Policy doesn't allow os_compute_api:{action} to be performed.")
+    rid = request.state.request_id
+    if action in _POWER_ACTIONS:
+        name = await asyncio.to_thread(
+            power_action, cloud, server_id, action, is_admin=ctx.is_admin
+        )
+        record_action(cloud, server_id, name, ctx.user_id, ctx.project_id, rid)
+        return Response(status_code=202)
+    if action in ("lock", "unlock"):
+        body = dict(doc.body)
+        body["locked"] = action == "lock"
+        reason = (args or {}).get("locked_reason") if isinstance(args, dict) else None
+        body["locked_reason"] = reason if action == "lock" else None
+        cloud.objects.update("instance", server_id, body)
+        record_action(cloud, server_id, action, ctx.user_id, ctx.project_id, rid)
+        return Response(status_code=202)
+    if action == "os-resetState":
+        state = (args or {}).get("state") if isinstance(args, dict) else None
+        if state not in ("active", "error"):
+            raise ApiError(
+                400,
+                "Invalid input for field/attribute state. Value must be one of 'active', 'error'",
+            )
+        body = dict(doc.body)
+        body["status"] = state.upper()
+        body["vm_state"] = state
+        body["task_state"] = None
+        cloud.objects.update("instance", server_id, body)
+        record_action(cloud, server_id, "resetState", ctx.user_id, ctx.project_id, rid)
+        return Response(status_code=202)
+    raise ApiError(400, f"There is no such action: {action}")
+
+
+@router.get("/servers/{server_id}/topology")
+async def server_topology(request: Request, server_id: str) -> JSONResponse:
+    ctx = require_context(request)
+    if mv(request) < (2, 78):
+        raise ApiError(404, "The resource could not be found.")
+    cloud = cloud_of(request)
+    load_server(cloud, ctx, server_id)
+    nodes = await asyncio.to_thread(instance_topology, cloud, server_id)
+    if not ctx.is_admin:
+        nodes = [
+            {k: v for k, v in n.items() if k not in ("host_node", "cpu_pinning")} for n in nodes
+        ]
+    return JSONResponse({"nodes": nodes, "pagesize_kb": None})

@@ -1,0 +1,376 @@
+"""Instances: build (schedule, claim, spawn), delete, and the power-state actions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+
+from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
+from stowage.domain.flavor import Flavor, shape_of
+from stowage.ledger.db import READONLY
+from stowage.ledger.schema import consumers, hosts, numa_claims, pins
+from stowage.scheduling.framework import Request
+from stowage.services.cloud import Cloud
+
+__all__ = [
+    "BuildRequest",
+    "InstanceState",
+    "build_servers",
+    "delete_server",
+    "instance_topology",
+    "power_action",
+    "record_action",
+]
+
+
+class Forbidden(StowageError):
+    code = "policy.forbidden"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceState:
+    """Nova's status with the vm_state, task_state and power_state it stands for."""
+
+    status: str
+    vm_state: str
+    power_state: int  # 0 NOSTATE, 1 RUNNING, 3 PAUSED, 4 SHUTDOWN, 7 SUSPENDED
+
+
+ACTIVE = InstanceState("ACTIVE", "active", 1)
+SHUTOFF = InstanceState("SHUTOFF", "stopped", 4)
+PAUSED = InstanceState("PAUSED", "paused", 3)
+SUSPENDED = InstanceState("SUSPENDED", "suspended", 7)
+ERROR = InstanceState("ERROR", "error", 0)
+BUILD = InstanceState("BUILD", "building", 0)
+
+# action -> (allowed current statuses, state afterwards)
+_POWER: dict[str, tuple[frozenset[str], InstanceState | None]] = {
+    "os-stop": (frozenset({"ACTIVE", "ERROR"}), SHUTOFF),
+    "os-start": (frozenset({"SHUTOFF"}), ACTIVE),
+    "reboot": (frozenset({"ACTIVE", "SHUTOFF", "PAUSED", "SUSPENDED", "ERROR"}), ACTIVE),
+    "pause": (frozenset({"ACTIVE"}), PAUSED),
+    "unpause": (frozenset({"PAUSED"}), ACTIVE),
+    "suspend": (frozenset({"ACTIVE"}), SUSPENDED),
+    "resume": (frozenset({"SUSPENDED"}), ACTIVE),
+}
+_ACTION_NAMES = {
+    "os-stop": "stop",
+    "os-start": "start",
+    "reboot": "reboot",
+    "pause": "pause",
+    "unpause": "unpause",
+    "suspend": "suspend",
+    "resume": "resume",
+}
+
+
+@dataclass(slots=True)
+class BuildRequest:
+    """A validated `POST /servers`."""
+
+    name: str
+    flavor: dict[str, Any]
+    image_id: str
+    project_id: str
+    user_id: str
+    min_count: int = 1
+    max_count: int = 1
+    availability_zone: str | None = None
+    force_host: str | None = None
+    group_id: str | None = None
+    same_host: list[str] = field(default_factory=list)
+    different_host: list[str] = field(default_factory=list)
+    networks: Any = "auto"
+    metadata: dict[str, str] = field(default_factory=dict)
+    key_name: str | None = None
+    description: str | None = None
+    security_groups: list[str] = field(default_factory=lambda: ["default"])
+    hints: dict[str, Any] = field(default_factory=dict)
+    image_properties: dict[str, str] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+
+
+def record_action(
+    cloud: Cloud,
+    instance_id: str,
+    action: str,
+    ctx_user: str,
+    ctx_project: str,
+    request_id: str,
+    *,
+    result: str = "Success",
+    message: str | None = None,
+) -> None:
+    """An instance action with one event, as `openstack server event list` shows them."""
+    now = time.time()
+    cloud.objects.create(
+        "instance_action",
+        request_id + ":" + instance_id,
+        {
+            "action": action,
+            "instance_uuid": instance_id,
+            "request_id": request_id,
+            "user_id": ctx_user,
+            "project_id": ctx_project,
+            "start_time": now,
+            "updated_at": now,
+            "message": message,
+            "events": [
+                {
+                    "event": f"compute_{action.replace('-', '_')}",
+                    "start_time": now,
+                    "finish_time": now,
+                    "result": result,
+                    "traceback": None,
+                    "host": None,
+                    "hostId": None,
+                    "details": message,
+                }
+            ],
+        },
+        project_id=instance_id,
+        name=action,
+    )
+
+
+def _host_names(cloud: Cloud) -> dict[int, str]:
+    with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
+        return {row.id: row.name for row in conn.execute(select(hosts.c.id, hosts.c.name))}
+
+
+def _host_ids_of(cloud: Cloud, instance_ids: Sequence[str]) -> frozenset[int]:
+    found = set()
+    for instance_id in instance_ids:
+        host = cloud.ledger.consumer_host(instance_id)
+        if host is not None:
+            found.add(host)
+    return frozenset(found)
+
+
+def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[dict[str, Any]]:
+    """Create the instances, plan them together, commit their claims, and start them.
+
+    Instances that cannot be placed go to ERROR with a fault that says why, as Nova's do.
+    """
+    flavor = build.flavor
+    shape = shape_of(
+        Flavor(
+            name=flavor["name"],
+            vcpus=int(flavor["vcpus"]),
+            memory_mb=int(flavor["ram"]),
+            disk_gb=int(flavor["disk"]),
+            extra_specs=dict(flavor.get("extra_specs") or {}),
+            ephemeral_gb=int(flavor.get("ephemeral") or 0),
+        )
+    )
+    same = _host_ids_of(cloud, build.same_host)
+    if build.same_host and not same:
+        raise InvalidSpec("same_host: none of the named instances has a host")
+    different = _host_ids_of(cloud, build.different_host)
+    if build.group_id is not None:
+        cloud.ledger.get_group(build.group_id)  # a missing group is a 404 before anything exists
+    count = build.max_count
+    reservation = "r-" + uuid.uuid4().hex[:8]
+    docs: list[dict[str, Any]] = []
+    requests: list[Request] = []
+    for index in range(count):
+        instance_id = str(uuid.uuid4())
+        name = build.name if count == 1 else f"{build.name}-{index + 1}"
+        body = {
+            "id": instance_id,
+            "name": name,
+            "project_id": build.project_id,
+            "user_id": build.user_id,
+            "flavor": flavor,
+            "image_id": build.image_id,
+            "status": BUILD.status,
+            "vm_state": BUILD.vm_state,
+            "task_state": "scheduling",
+            "power_state": BUILD.power_state,
+            "host": None,
+            "availability_zone": build.availability_zone,
+            "metadata": build.metadata,
+            "key_name": build.key_name,
+            "description": build.description,
+            "security_groups": build.security_groups,
+            "addresses": {},
+            "launched_at": None,
+            "fault": None,
+            "locked": False,
+            "locked_reason": None,
+            "tags": build.tags,
+            "group_id": build.group_id,
+            "hints": build.hints,
+            "reservation_id": reservation,
+            "launch_index": index,
+            "networks": build.networks,
+        }
+        cloud.objects.create("instance", instance_id, body, project_id=build.project_id, name=name)
+        docs.append(body)
+        requests.append(
+            Request(
+                consumer_id=instance_id,
+                instance_id=instance_id,
+                shape=shape,
+                project_id=build.project_id,
+                user_id=build.user_id,
+                group_id=build.group_id,
+                availability_zone=build.availability_zone,
+                force_host=build.force_host,
+                same_host=same,
+                different_host=different,
+                image_properties=build.image_properties,
+                extra_specs=dict(flavor.get("extra_specs") or {}),
+            )
+        )
+    with cloud.schedule_lock:
+        placements = cloud.scheduler.schedule(requests, min_count=build.min_count)
+    names = _host_names(cloud)
+    for body, placement in zip(docs, placements, strict=True):
+        if placement.claim is None:
+            _set_state(body, ERROR, task_state=None)
+            body["fault"] = {
+                "code": 500,
+                "message": placement.reason or "No valid host was found.",
+                "created": time.time(),
+                "details": placement.code.value if placement.code else "",
+            }
+        else:
+            body["host"] = names.get(placement.claim.host_id)
+            body["addresses"] = _allocate_addresses(cloud, body)
+            _set_state(body, ACTIVE, task_state=None)
+            body["launched_at"] = time.time()
+        cloud.objects.update("instance", body["id"], body)
+        record_action(
+            cloud,
+            body["id"],
+            "create",
+            build.user_id,
+            build.project_id,
+            request_id,
+            result="Success" if placement.ok else "Error",
+            message=None if placement.ok else body["fault"]["message"],
+        )
+    return docs
+
+
+def _allocate_addresses(cloud: Cloud, body: dict[str, Any]) -> dict[str, Any]:
+    from stowage.services import networks
+
+    allocate = getattr(networks, "allocate_port", None)
+    if allocate is None or body.get("networks") == "none":
+        return {}
+    wanted = body.get("networks")
+    network_ids: list[str] = []
+    if isinstance(wanted, list):
+        network_ids = [n["uuid"] for n in wanted if isinstance(n, dict) and n.get("uuid")]
+    if not network_ids:
+        return {}
+    addresses: dict[str, Any] = {}
+    for network_id in network_ids:
+        port = allocate(cloud, network_id, body["project_id"], body["id"])
+        network = cloud.objects.find("network", network_id)
+        label = network.name if network is not None and network.name else network_id
+        for fixed in port.get("fixed_ips", []):
+            addresses.setdefault(label, []).append(
+                {
+                    "version": 6 if ":" in fixed["ip_address"] else 4,
+                    "addr": fixed["ip_address"],
+                    "OS-EXT-IPS:type": "fixed",
+                    "OS-EXT-IPS-MAC:mac_addr": port.get("mac_address"),
+                }
+            )
+    return addresses
+
+
+def _set_state(body: dict[str, Any], state: InstanceState, *, task_state: str | None) -> None:
+    body["status"] = state.status
+    body["vm_state"] = state.vm_state
+    body["power_state"] = state.power_state
+    body["task_state"] = task_state
+
+
+def delete_server(cloud: Cloud, instance_id: str) -> None:
+    """Release every claim, free its ports, forget it. Safe to repeat."""
+    doc = cloud.objects.find("instance", instance_id)
+    if doc is None:
+        raise NotFound(f"Instance {instance_id} could not be found.")
+    if doc.body.get("locked"):
+        raise ConflictError(f"Instance {instance_id} is locked")
+    cloud.ledger.release(instance_id)
+    for port in cloud.objects.list("port"):
+        if port.body.get("device_id") == instance_id:
+            cloud.objects.delete("port", port.id)
+    cloud.objects.delete("instance", instance_id)
+
+
+def power_action(cloud: Cloud, instance_id: str, action: str, *, is_admin: bool) -> str:
+    """Apply a power action if the current status allows it; returns the action's name."""
+    doc = cloud.objects.get("instance", instance_id)
+    body = dict(doc.body)
+    allowed, after = _POWER[action]
+    if body.get("locked") and not is_admin:
+        raise ConflictError(f"Instance {instance_id} is locked")
+    if body["status"] not in allowed:
+        raise ConflictError(
+            f"Cannot '{_ACTION_NAMES[action]}' instance {instance_id} while it is in "
+            f"vm_state {body['vm_state']}"
+        )
+    if after is not None:
+        _set_state(body, after, task_state=None)
+    cloud.objects.update("instance", instance_id, body)
+    return _ACTION_NAMES[action]
+
+
+def instance_topology(cloud: Cloud, instance_id: str) -> list[dict[str, Any]]:
+    """The NUMA cells and pCPUs the ledger holds for an instance (servers/{id}/topology)."""
+    with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
+        cells = conn.execute(
+            select(numa_claims.c.cell_id, numa_claims.c.guest_cell, numa_claims.c.memory_mb)
+            .where(numa_claims.c.consumer_id == instance_id)
+            .order_by(numa_claims.c.guest_cell)
+        ).all()
+        pinned = conn.execute(
+            select(pins.c.cpu_id, pins.c.guest_vcpu).where(
+                pins.c.consumer_id == instance_id, pins.c.guest_vcpu.is_not(None)
+            )
+        ).all()
+        host_row = conn.execute(
+            select(hosts.c.topology)
+            .select_from(consumers.join(hosts, hosts.c.id == consumers.c.host_id))
+            .where(consumers.c.id == instance_id)
+        ).first()
+    if not cells or host_row is None:
+        return []
+    from stowage.ledger.ledger import topology_from_json
+
+    topology = topology_from_json(host_row.topology)
+    nodes = []
+    for cell_id, _guest, memory_mb in cells:
+        cell_cpus = next(c.cpus for c in topology.cells if c.id == cell_id)
+        mapping = {vcpu: cpu for cpu, vcpu in pinned if cpu in cell_cpus}
+        siblings = sorted(
+            {
+                tuple(sorted(topology.core_of(cpu) & set(mapping.values())))
+                for cpu in mapping.values()
+            }
+        )
+        nodes.append(
+            {
+                "host_node": cell_id,
+                "memory_mb": memory_mb,
+                "cpu_pinning": {str(v): c for v, c in sorted(mapping.items())},
+                "vcpu_set": sorted(mapping),
+                "siblings": [list(s) for s in siblings if len(s) > 1],
+            }
+        )
+    return nodes
+
+
+def instance_hosts(cloud: Cloud) -> Mapping[int, str]:
+    return _host_names(cloud)
