@@ -319,6 +319,7 @@ def _stowage_worker(
     seed: int,
     instances: int,
     batch: int,
+    shard: bool,
     barrier: Any,
     results: Any,
 ) -> None:
@@ -329,7 +330,11 @@ def _stowage_worker(
         requests = _requests(workload, lo, hi)
         del workload
         rng = random.Random(seed * 1000 + index)
-        pipeline = Pipeline(filters=default_filters(SERVICE_DOWN_TIME_S), rng=rng)
+        pipeline = Pipeline(
+            filters=default_filters(SERVICE_DOWN_TIME_S),
+            rng=rng,
+            shard=(index, procs) if shard and procs > 1 else None,
+        )
         scheduler = Scheduler(ledger, pipeline=pipeline, batch_max=batch)
         t_view = time.monotonic()
         scheduler.current_view()
@@ -617,7 +622,9 @@ def run_config(
     url = dbs.create("stowage_bench_run", template)
     res.setup["copy_template_s"] = time.monotonic() - t0
     say(f"  placing {args.instances} instances with {procs} scheduler process(es)...")
-    out = _run_processes(_stowage_worker, procs, (url, args.seed, args.instances, args.batch))
+    out = _run_processes(
+        _stowage_worker, procs, (url, args.seed, args.instances, args.batch, args.shard)
+    )
     res.placed = sum(r["placed"] for r in out)
     refused: Counter[str] = Counter()
     for r in out:
@@ -869,6 +876,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--instances", type=int, default=None, help="default 20000")
     p.add_argument("--batch", type=int, default=256, help="requests per schedule() call")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--no-shard",
+        dest="shard",
+        action="store_false",
+        help="let every scheduler process start anywhere (default: each prefers its shard)",
+    )
     p.add_argument(
         "--baseline-claims",
         type=int,

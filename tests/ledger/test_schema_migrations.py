@@ -117,3 +117,34 @@ def test_db_upgrade_command_is_idempotent(db_url: str, engine: Engine) -> None:
 
     assert tables(engine) == MODEL_TABLES | {"alembic_version"}
     assert current(engine) == head(engine)
+
+
+def test_a_ledger_with_claims_upgrades_from_the_first_schema_intact(engine: Engine) -> None:
+    """Every revision after 0001 applies to a ledger in use: claims and usage survive."""
+    from stowage.domain.claims import Claim
+    from stowage.domain.flavor import Flavor, shape_of
+    from stowage.domain.numa import fit_instance
+    from stowage.domain.topology import ResourceClass
+
+    migrate(engine, "0001")
+    ledger = Ledger(engine)
+    topology = HostTopology.uniform(cells=2, cores_per_cell=4, threads_per_core=2)
+    host_id = ledger.register_host(HostSpec("old-host", topology))
+    view = ledger.load_view()
+    shape = shape_of(Flavor("pinned", 2, 1024, 10, {"hw:cpu_policy": "dedicated"}))
+    fit = fit_instance(shape, topology, view.hosts[host_id].free)
+    assert not isinstance(fit, str) and hasattr(fit, "cpus")
+    amounts = dict(shape.amounts())
+    amounts[ResourceClass.PCPU] = len(fit.cpus)  # type: ignore[union-attr]
+    outcome = ledger.claim([Claim("vm-old", "vm-old", host_id, amounts, fit)])  # type: ignore[arg-type]
+    assert outcome[0].ok
+
+    migrate(engine)
+
+    assert current(engine) == head(engine)
+    assert audit(ledger) == []
+    after = ledger.load_view().hosts[host_id]
+    assert after.used[ResourceClass.PCPU] == 2
+    assert after.used[ResourceClass.MEMORY_MB] == 1024
+    assert ledger.release("vm-old") is True
+    assert audit(ledger) == []

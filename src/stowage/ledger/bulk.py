@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Boolean, Connection, Float, Integer, Table
+from sqlalchemy.exc import DBAPIError
 
 __all__ = ["BulkWriter"]
 
@@ -93,5 +94,15 @@ class BulkWriter:
     def _run(self, conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         if self.pg:
             columns = tuple(list(col) for col in zip(*rows, strict=True))
-            return int(conn.exec_driver_sql(sql, columns).rowcount)
+            # Binary parameters: psycopg then sends arrays without quoting each element.
+            raw = conn.connection.driver_connection
+            assert raw is not None
+            dbapi = conn.dialect.loaded_dbapi
+            try:
+                with raw.cursor() as cursor:
+                    cursor.execute(sql, columns, binary=True)
+                    return int(cursor.rowcount)
+            except dbapi.Error as exc:
+                # The same wrapper SQLAlchemy raises for its own statements.
+                raise DBAPIError.instance(sql, columns, exc, dbapi.Error) from exc
         return int(conn.exec_driver_sql(sql, [tuple(r) for r in rows]).rowcount)

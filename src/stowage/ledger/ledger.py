@@ -381,13 +381,15 @@ class Ledger:
                 numa_rows.append(
                     (c.consumer_id, c.host_id, cell.host_cell, cell.guest_cell, cell.memory_mb)
                 )
-        bulk.add(
+        changed = bulk.add(
             conn,
             cells,
             ("host_id", "cell_id"),
             "memory_mb_used",
             [(h, cell, m) for (h, cell), m in sorted(cell_memory.items())],
         )
+        if changed != len(cell_memory):
+            raise _Refusal(RefusalCode.UNKNOWN_RESOURCE, "claim names a NUMA cell the host lacks")
         bulk.insert(
             conn,
             numa_claims,
@@ -597,12 +599,22 @@ class Ledger:
                 view.replace_host(state, contribution)
         return view
 
-    def refresh(self, view: View, *, host_ids: Iterable[int] = ()) -> int:
+    def refresh(
+        self,
+        view: View,
+        *,
+        host_ids: Iterable[int] = (),
+        defer: Callable[[int], bool] | None = None,
+        deferred_max: int = 64,
+    ) -> int:
         """Bring `view` up to date with committed changes; returns how many hosts were read.
 
         Sequence numbers can commit out of order on PostgreSQL, so each refresh looks a
         window behind the newest sequence it saw and skips the rows it has already seen,
-        and the rows its own writer committed and applied.
+        and the rows its own writer committed and applied. Changed hosts for which `defer`
+        is true (another worker's shard) are only marked stale, and at most `deferred_max`
+        of those are read per refresh, so a worker does not spend its time re-reading hosts
+        it seldom uses; a stale host it does use costs at worst a refused claim and a retry.
         """
         wanted = set(host_ids)
         with self.engine.connect().execution_options(**READONLY) as conn, conn.begin():
@@ -616,11 +628,19 @@ class Ledger:
                     continue
                 view.seen.add(seq)
                 view.seq = max(view.seq, seq)
-                if not writer or writer != view.writer:
+                if writer and writer == view.writer:
+                    continue
+                if defer is not None and defer(host_id):
+                    view.stale.add(int(host_id))
+                else:
                     wanted.add(int(host_id))
             floor = view.seq - _REREAD_WINDOW
             if len(view.seen) > 4 * _REREAD_WINDOW:
                 view.seen = {s for s in view.seen if s > floor}
+            while view.stale and deferred_max > 0:
+                wanted.add(view.stale.pop())
+                deferred_max -= 1
+            view.stale -= wanted
             if not wanted:
                 return 0
             self._ensure_groups(conn, view, wanted)

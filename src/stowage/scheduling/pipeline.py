@@ -3,6 +3,11 @@
 Hosts are visited from a random offset in a shuffled order and the scan stops after
 `candidates_max` hosts pass (Nomad's limit on feasible nodes), so a decision costs about the
 same at 100 hosts as at 10,000 while the cloud has room. When few hosts fit, it scans them all.
+
+With `shard=(index, count)`, a worker visits the hosts whose id is `index` modulo `count`
+first and the others after: several workers then mostly claim on disjoint hosts, so their
+commits neither wait on each other's host locks nor conflict, while any worker can still
+use any host. Correctness never depends on it; the ledger decides.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class Pipeline:
         *,
         candidates_max: int = 8,
         rng: random.Random | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> None:
         self.filters: list[Filter] = list(filters if filters is not None else default_filters())
         self.weighers: list[Weigher] = list(
@@ -69,8 +75,12 @@ class Pipeline:
         )
         self.candidates_max = candidates_max
         self.rng = rng or random.Random(0)
-        self._order: list[int] = []
+        if shard is not None and not 0 <= shard[0] < shard[1]:
+            raise ValueError(f"shard index {shard[0]} is not in 0..{shard[1] - 1}")
+        self.shard = shard
+        self._order: list[list[int]] = []
         self._order_view: View | None = None
+        self._order_len = -1
 
     def plan(self, view: View, requests: Sequence[Request], now: float) -> list[Decision]:
         """Decide each request in turn, each seeing the ones before it as already placed."""
@@ -85,23 +95,27 @@ class Pipeline:
     def decide(self, view: View, request: Request, now: float) -> Decision:
         state = CycleState(now=now, group=view.groups.get(request.group_id or ""))
         active = [f for f in self.filters if f.prefilter(request, view, state)]
-        order = self._host_order(view)
-        diagnosis = Diagnosis(len(order))
+        parts = self._host_order(view)
+        diagnosis = Diagnosis(len(view.hosts))
         candidates: list[HostState] = []
         hosts = view.hosts
-        n = len(order)
-        start = self.rng.randrange(n) if n else 0
-        for i in range(n):
-            host = hosts[order[(start + i) % n]]
-            for plugin in active:
-                reason = plugin.filter(request, host, state)
-                if reason is not None:
-                    diagnosis.note(plugin.name, reason)
-                    break
-            else:
-                candidates.append(host)
-                if len(candidates) >= self.candidates_max:
-                    break
+        want = self.candidates_max
+        for order in parts:
+            n = len(order)
+            start = self.rng.randrange(n) if n else 0
+            for i in range(n):
+                host = hosts[order[(start + i) % n]]
+                for plugin in active:
+                    reason = plugin.filter(request, host, state)
+                    if reason is not None:
+                        diagnosis.note(plugin.name, reason)
+                        break
+                else:
+                    candidates.append(host)
+                    if len(candidates) >= want:
+                        break
+            if len(candidates) >= want:
+                break
         ranked = sorted(candidates, key=lambda h: -self._score(request, h, state))
         for host in ranked:
             claim = self._claim(request, host, state)
@@ -114,11 +128,21 @@ class Pipeline:
     def _score(self, request: Request, host: HostState, state: CycleState) -> float:
         return sum(w.multiplier * w.weigh(request, host, state) for w in self.weighers)
 
-    def _host_order(self, view: View) -> list[int]:
-        if self._order_view is not view or len(self._order) != len(view.hosts):
-            self._order = sorted(view.hosts)
-            self.rng.shuffle(self._order)
+    def _host_order(self, view: View) -> list[list[int]]:
+        """Host ids in a shuffled order: this worker's shard first when sharded."""
+        if self._order_view is not view or self._order_len != len(view.hosts):
+            order = sorted(view.hosts)
+            self.rng.shuffle(order)
+            if self.shard is None:
+                self._order = [order]
+            else:
+                index, count = self.shard
+                self._order = [
+                    [h for h in order if h % count == index],
+                    [h for h in order if h % count != index],
+                ]
             self._order_view = view
+            self._order_len = len(view.hosts)
         return self._order
 
     def _claim(self, request: Request, host: HostState, state: CycleState) -> Claim | str:

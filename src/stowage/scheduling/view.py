@@ -77,6 +77,8 @@ class View:
         self.seen: set[int] = set()
         # Changes this view's owner committed and applied itself carry this token.
         self.writer = writer
+        # Hosts known to have changed but not read again yet (other workers' shards).
+        self.stale: set[int] = set()
 
     def add_group(self, group: ServerGroup) -> GroupState:
         state = self.groups.get(group.id)

@@ -44,9 +44,11 @@ class Scheduler:
         seed: int = 0,
         retries_max: int = 4,
         batch_max: int = 256,
+        shard: tuple[int, int] | None = None,
     ) -> None:
         self.ledger = ledger
-        self.pipeline = pipeline or Pipeline(rng=random.Random(seed))
+        self.pipeline = pipeline or Pipeline(rng=random.Random(seed), shard=shard)
+        self.shard = shard or self.pipeline.shard
         self.clock = clock
         self.retries_max = retries_max
         self.batch_max = batch_max
@@ -59,8 +61,15 @@ class Scheduler:
         if self.view is None:
             self.view = self.ledger.load_view(self.writer)
         else:
-            self.ledger.refresh(self.view)
+            self.ledger.refresh(self.view, defer=self._elsewhere)
         return self.view
+
+    def _elsewhere(self, host_id: int) -> bool:
+        """True for hosts of another worker's shard, whose changes this worker may read late."""
+        if self.shard is None:
+            return False
+        index, count = self.shard
+        return host_id % count != index
 
     def schedule(
         self, requests: Sequence[Request], *, min_count: int | None = None
@@ -102,7 +111,7 @@ class Scheduler:
             if not retry:
                 break
             # Re-pick from a fresher view: the hosts that refused, and whatever else changed.
-            self.ledger.refresh(view, host_ids=stale_hosts)
+            self.ledger.refresh(view, host_ids=stale_hosts, defer=self._elsewhere)
             pending = retry
         placements = [results[i] for i in range(len(requests))]
         if min_count is not None and sum(p.ok for p in placements) < min_count:
