@@ -51,7 +51,7 @@ class BulkWriter:
         if sql is None:
             names = ", ".join(columns)
             if self.pg:
-                arrays = ", ".join(f"%s::{_pg_array_type(table, c)}" for c in columns)
+                arrays = ", ".join(f"%b::{_pg_array_type(table, c)}" for c in columns)
                 body = f"SELECT * FROM unnest({arrays})"
             else:
                 body = "VALUES (" + ", ".join("?" for _ in columns) + ")"
@@ -76,7 +76,7 @@ class BulkWriter:
         sql = self._sql.get(key)
         if sql is None:
             if self.pg:
-                arrays = ", ".join(f"%s::{_pg_array_type(table, c)}" for c in (*keys, column))
+                arrays = ", ".join(f"%b::{_pg_array_type(table, c)}" for c in (*keys, column))
                 aliases = ", ".join((*keys, "delta"))
                 match = " AND ".join(f"t.{k} = d.{k}" for k in keys)
                 sql = (
@@ -94,13 +94,13 @@ class BulkWriter:
     def _run(self, conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         if self.pg:
             columns = tuple(list(col) for col in zip(*rows, strict=True))
-            # Binary parameters: psycopg then sends arrays without quoting each element.
+            # %b placeholders send arrays in binary, without quoting each element.
             raw = conn.connection.driver_connection
             assert raw is not None
             dbapi = conn.dialect.loaded_dbapi
             try:
                 with raw.cursor() as cursor:
-                    cursor.execute(sql, columns, binary=True)
+                    cursor.execute(sql, columns)
                     return int(cursor.rowcount)
             except dbapi.Error as exc:
                 # The same wrapper SQLAlchemy raises for its own statements.

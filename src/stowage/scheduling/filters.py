@@ -64,7 +64,7 @@ class AvailabilityZoneFilter:
 def _lacks(host: HostState, rc: ResourceClass, amount: int) -> str | None:
     if amount <= 0:
         return None
-    free = host.free_amount(rc)
+    free = host.capacity.get(rc, 0) - host.used.get(rc, 0)
     if free < amount:
         return f"need {amount} {rc.value}, {max(free, 0)} free"
     if amount > host.max_unit.get(rc, 0):

@@ -67,4 +67,8 @@ class Weigher(Protocol):
     name: str
     multiplier: float
 
+    def active(self, request: Request, state: CycleState) -> bool:
+        """False when the weigher would score every host the same for this request."""
+        ...
+
     def weigh(self, request: Request, host: HostState, state: CycleState) -> float: ...

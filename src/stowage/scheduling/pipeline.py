@@ -116,7 +116,11 @@ class Pipeline:
                         break
             if len(candidates) >= want:
                 break
-        ranked = sorted(candidates, key=lambda h: -self._score(request, h, state))
+        weighers = [w for w in self.weighers if w.active(request, state)]
+        ranked = sorted(
+            candidates,
+            key=lambda h: -sum(w.multiplier * w.weigh(request, h, state) for w in weighers),
+        )
         for host in ranked:
             claim = self._claim(request, host, state)
             if isinstance(claim, str):
@@ -124,9 +128,6 @@ class Pipeline:
                 continue
             return Decision(request, claim)
         return Decision(request, None, diagnosis)
-
-    def _score(self, request: Request, host: HostState, state: CycleState) -> float:
-        return sum(w.multiplier * w.weigh(request, host, state) for w in self.weighers)
 
     def _host_order(self, view: View) -> list[list[int]]:
         """Host ids in a shuffled order: this worker's shard first when sharded."""

@@ -30,6 +30,9 @@ class RamWeigher:
     def __init__(self, multiplier: float = 1.0) -> None:
         self.multiplier = multiplier
 
+    def active(self, request: Request, state: CycleState) -> bool:
+        return self.multiplier != 0
+
     def weigh(self, request: Request, host: HostState, state: CycleState) -> float:
         rc = ResourceClass.MEMORY_MB
         return _ratio(host.free_amount(rc), host.capacity.get(rc, 0))
@@ -43,6 +46,9 @@ class CpuWeigher:
     def __init__(self, multiplier: float = 1.0) -> None:
         self.multiplier = multiplier
 
+    def active(self, request: Request, state: CycleState) -> bool:
+        return self.multiplier != 0
+
     def weigh(self, request: Request, host: HostState, state: CycleState) -> float:
         rc = ResourceClass.PCPU if request.shape.dedicated_vcpus else ResourceClass.VCPU
         return _ratio(host.free_amount(rc), host.capacity.get(rc, 0))
@@ -55,6 +61,10 @@ class SoftAffinityWeigher:
 
     def __init__(self, multiplier: float = 1.0) -> None:
         self.multiplier = multiplier
+
+    def active(self, request: Request, state: CycleState) -> bool:
+        group = state.group
+        return group is not None and group.group.policy is GroupPolicy.SOFT_AFFINITY
 
     def weigh(self, request: Request, host: HostState, state: CycleState) -> float:
         group = state.group
@@ -72,6 +82,10 @@ class SoftAntiAffinityWeigher:
     def __init__(self, multiplier: float = 1.0) -> None:
         self.multiplier = multiplier
 
+    def active(self, request: Request, state: CycleState) -> bool:
+        group = state.group
+        return group is not None and group.group.policy is GroupPolicy.SOFT_ANTI_AFFINITY
+
     def weigh(self, request: Request, host: HostState, state: CycleState) -> float:
         group = state.group
         if group is None or group.group.policy is not GroupPolicy.SOFT_ANTI_AFFINITY:
@@ -87,6 +101,9 @@ class BuildFailureWeigher:
 
     def __init__(self, multiplier: float = 1000.0) -> None:
         self.multiplier = multiplier
+
+    def active(self, request: Request, state: CycleState) -> bool:
+        return self.multiplier != 0
 
     def weigh(self, request: Request, host: HostState, state: CycleState) -> float:
         return 1.0 / (1 + host.build_failures)
