@@ -132,6 +132,7 @@ def up(
     port: Annotated[int, typer.Option(help="Port for every API.")] = 8880,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     hosts: Annotated[int, typer.Option("--hosts", help="Simulated compute hosts.")] = 3,
+    db: DbUrl = None,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import uvicorn
@@ -149,7 +150,7 @@ def up(
         )
         raise typer.Exit(1)
     config = CloudConfig(state_dir=state_dir.resolve(), host=host, port=port, hosts=hosts)
-    cloud = open_cloud(config)
+    cloud = open_cloud(config, db_url=db)
     clouds = write_clouds_yaml(config)
     console.print(f"Stowage is up at {config.base_url} (state in {config.state_dir}).")
     console.print(

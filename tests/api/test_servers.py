@@ -1,0 +1,216 @@
+"""Servers through the real `openstack` CLI and raw calls: build, list, show, act, delete."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+from tests.api.cloudproc import RunningCloud
+
+IMAGE = "cirros-0.6.2-x86_64-disk"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def compute(
+    cloud: RunningCloud, token: str, method: str, path: str, version: str = "2.96", **kwargs: Any
+) -> httpx.Response:
+    headers = {"X-Auth-Token": token, "OpenStack-API-Version": f"compute {version}"}
+    return httpx.request(
+        method, f"{cloud.base_url}/compute/v2.1{path}", headers=headers, timeout=30, **kwargs
+    )
+
+
+def create(
+    cloud: RunningCloud, name: str, *args: str, flavor: str = "m1.tiny", user: str = "stowage-admin"
+) -> dict[str, Any]:
+    server: dict[str, Any] = cloud.osc_json(
+        "server",
+        "create",
+        "--flavor",
+        flavor,
+        "--image",
+        IMAGE,
+        "--nic",
+        "none",
+        *args,
+        "--wait",
+        name,
+        cloud=user,
+    )
+    return server
+
+
+def test_a_server_is_built_shown_listed_and_deleted(cloud: RunningCloud) -> None:
+    name = unique("vm")
+    server = create(cloud, name)
+    assert server["status"] == "ACTIVE"
+    shown = cloud.osc_json("server", "show", name)
+    assert shown["id"] == server["id"]
+    assert shown["OS-EXT-SRV-ATTR:host"] in {"host1", "host2", "host3"}
+    assert "m1.tiny" in str(shown["flavor"])
+    listed = {row["Name"]: row for row in cloud.osc_json("server", "list")}
+    assert listed[name]["Status"] == "ACTIVE"
+    cloud.osc("server", "delete", "--wait", name)
+    gone = cloud.osc("server", "show", name, check=False)
+    assert gone.returncode != 0
+    assert "No Server found" in gone.stderr or "could not be found" in gone.stderr
+
+
+def test_an_unknown_server_is_a_404_in_nova_shape(cloud: RunningCloud) -> None:
+    response = compute(cloud, cloud.token(), "GET", "/servers/no-such-server")
+    assert response.status_code == 404
+    assert response.json()["itemNotFound"]["code"] == 404
+
+
+def test_a_bad_create_is_a_400_naming_the_field_and_leaves_nothing(cloud: RunningCloud) -> None:
+    token = cloud.token()
+    before = len(compute(cloud, token, "GET", "/servers").json()["servers"])
+    response = compute(cloud, token, "POST", "/servers", json={"server": {"name": "x"}})
+    assert response.status_code == 400
+    assert "flavorRef" in response.json()["badRequest"]["message"]
+    response = compute(
+        cloud,
+        token,
+        "POST",
+        "/servers",
+        json={"server": {"name": "x", "flavorRef": "1", "imageRef": "nope"}},
+    )
+    assert response.status_code == 400
+    assert "nope" in response.json()["badRequest"]["message"]
+    assert len(compute(cloud, token, "GET", "/servers").json()["servers"]) == before
+
+
+def test_a_member_cannot_see_another_projects_server(cloud: RunningCloud) -> None:
+    name = unique("admin-vm")
+    server = create(cloud, name)
+    member = cloud.token("demo", "stowage-demo", "demo")
+    assert compute(cloud, member, "GET", f"/servers/{server['id']}").status_code == 404
+    names = [s["name"] for s in compute(cloud, member, "GET", "/servers/detail").json()["servers"]]
+    assert name not in names
+    cloud.osc("server", "delete", "--wait", name)
+
+
+def test_anti_affinity_puts_members_on_distinct_hosts_and_refuses_one_too_many(
+    cloud: RunningCloud,
+) -> None:
+    group = cloud.osc_json("server", "group", "create", "--policy", "anti-affinity", unique("anti"))
+    names = [unique("member") for _ in range(3)]
+    hosts = set()
+    for name in names:
+        server = create(cloud, name, "--hint", f"group={group['id']}")
+        hosts.add(cloud.osc_json("server", "show", server["id"])["OS-EXT-SRV-ATTR:host"])
+    assert len(hosts) == 3
+    extra = unique("member")
+    result = cloud.osc(
+        "server",
+        "create",
+        "--flavor",
+        "m1.tiny",
+        "--image",
+        IMAGE,
+        "--nic",
+        "none",
+        "--hint",
+        f"group={group['id']}",
+        "--wait",
+        extra,
+        check=False,
+    )
+    assert result.returncode != 0
+    shown = cloud.osc_json("server", "show", extra)
+    assert shown["status"] == "ERROR"
+    assert "No valid host was found" in str(shown["fault"])
+    assert "server_group" in str(shown["fault"])
+    for name in [*names, extra]:
+        cloud.osc("server", "delete", "--wait", name)
+
+
+def test_a_pinned_server_reports_its_pcpus_in_topology(cloud: RunningCloud) -> None:
+    name = unique("pinned")
+    server = create(cloud, name, flavor="cirros256-pinned")
+    token = cloud.token()
+    topology = compute(cloud, token, "GET", f"/servers/{server['id']}/topology", "2.78").json()
+    assert len(topology["nodes"]) == 1
+    pinning = topology["nodes"][0]["cpu_pinning"]
+    assert list(pinning) == ["0"]
+    assert isinstance(pinning["0"], int)
+    older = compute(cloud, token, "GET", f"/servers/{server['id']}/topology", "2.77")
+    assert older.status_code == 404
+    cloud.osc("server", "delete", "--wait", name)
+
+
+def test_min_count_places_all_or_none(cloud: RunningCloud) -> None:
+    token = cloud.token()
+    body = {
+        "server": {
+            "name": unique("many"),
+            "flavorRef": "1",
+            "imageRef": _image_id(cloud),
+            "networks": "none",
+            "min_count": 2,
+            "max_count": 2,
+        }
+    }
+    assert compute(cloud, token, "POST", "/servers", json=body).status_code == 202
+    mine = [
+        s
+        for s in compute(cloud, token, "GET", "/servers/detail").json()["servers"]
+        if s["name"].startswith(body["server"]["name"])
+    ]
+    assert sorted(s["status"] for s in mine) == ["ACTIVE", "ACTIVE"]
+    for s in mine:
+        assert compute(cloud, token, "DELETE", f"/servers/{s['id']}").status_code == 204
+
+
+def _image_id(cloud: RunningCloud) -> str:
+    return str(cloud.osc_json("image", "show", IMAGE)["id"])
+
+
+def test_power_actions_follow_the_state_machine(cloud: RunningCloud) -> None:
+    name = unique("power")
+    server = create(cloud, name)
+    token = cloud.token()
+    started = compute(
+        cloud, token, "POST", f"/servers/{server['id']}/action", json={"os-start": None}
+    )
+    assert started.status_code == 409
+    cloud.osc("server", "stop", name)
+    assert cloud.osc_json("server", "show", name)["status"] == "SHUTOFF"
+    cloud.osc("server", "start", name)
+    assert cloud.osc_json("server", "show", name)["status"] == "ACTIVE"
+    events = cloud.osc_json("server", "event", "list", name)
+    assert {"create", "stop", "start"} <= {e["Action"] for e in events}
+    cloud.osc("server", "delete", "--wait", name)
+
+
+def test_reset_state_is_admin_only(cloud: RunningCloud) -> None:
+    name = unique("reset")
+    create(cloud, name, user="stowage")
+    denied = cloud.osc(
+        "server", "set", "--state", "error", "--auto-approve", name, cloud="stowage", check=False
+    )
+    assert denied.returncode != 0
+    assert "403" in denied.stderr or "Policy" in denied.stderr
+    cloud.osc("server", "set", "--state", "error", "--auto-approve", name)
+    assert cloud.osc_json("server", "show", name)["status"] == "ERROR"
+    cloud.osc("server", "set", "--state", "active", "--auto-approve", name)
+    assert cloud.osc_json("server", "show", name)["status"] == "ACTIVE"
+    cloud.osc("server", "delete", "--wait", name, cloud="stowage")
+
+
+def test_the_flavor_field_follows_the_microversion(cloud: RunningCloud) -> None:
+    name = unique("mv")
+    server = create(cloud, name)
+    token = cloud.token()
+    for version in ("2.1", "2.46", "2.47", "2.96"):
+        body = compute(cloud, token, "GET", f"/servers/{server['id']}", version).json()["server"]
+        if tuple(int(x) for x in version.split(".")) >= (2, 47):
+            assert body["flavor"]["original_name"] == "m1.tiny"
+            assert "id" not in body["flavor"]
+        else:
+            assert body["flavor"]["id"] == "1"
+    cloud.osc("server", "delete", "--wait", name)
