@@ -142,9 +142,17 @@ _DOMAIN_STATUS: list[tuple[type[StowageError], int]] = [
 def install_common(app: FastAPI, style: ErrorStyle, *, extra_headers: bool = False) -> None:
     """Request ids on every response and errors rendered in `style`."""
 
-    def render(request: Request, status: int, message: str, code: str | None) -> JSONResponse:
+    def render(
+        request: Request,
+        status: int,
+        message: str,
+        code: str | None,
+        headers: dict[str, str] | None = None,
+    ) -> JSONResponse:
         request_id = getattr(request.state, "request_id", "")
-        return JSONResponse(style(status, message, code, request_id), status_code=status)
+        return JSONResponse(
+            style(status, message, code, request_id), status_code=status, headers=headers
+        )
 
     @app.middleware("http")
     async def request_id(
@@ -172,7 +180,9 @@ def install_common(app: FastAPI, style: ErrorStyle, *, extra_headers: bool = Fal
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and message == "Not Found":
             message = "The resource could not be found."
-        return render(request, exc.status_code, message, None)
+        if exc.status_code == 405 and message == "Method Not Allowed":
+            message = f"The method {request.method} is not allowed for this resource."
+        return render(request, exc.status_code, message, None, dict(exc.headers or {}))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

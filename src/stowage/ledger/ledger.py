@@ -730,6 +730,8 @@ class Ledger:
             used: dict[ResourceClass, int] = {}
             max_unit: dict[ResourceClass, int] = {}
             for item in inv.get(row.id, []):
+                if item.resource_class not in _KNOWN_CLASSES:
+                    continue  # a custom class no flavor asks for yet
                 rc = ResourceClass(item.resource_class)
                 capacity[rc] = int((item.total - item.reserved) * item.allocation_ratio)
                 used[rc] = item.used
@@ -763,6 +765,8 @@ class Ledger:
             topo = self._topologies[text] = topology_from_json(text)
         return topo
 
+
+_KNOWN_CLASSES = frozenset(rc.value for rc in ResourceClass)
 
 # Sequence numbers re-read behind the newest seen, to catch commits that landed out of order.
 _REREAD_WINDOW = 256

@@ -1,7 +1,36 @@
-"""Placement routes (in progress)."""
+"""Placement's routes: the version document and every resource router."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from stowage.api.placement import allocations, providers, traits
+from stowage.api.placement.microversion import MAX_VERSION, MIN_VERSION
+
+__all__ = ["router"]
 
 router = APIRouter()
+
+
+@router.get("/")
+async def versions() -> JSONResponse:
+    """The version document; no token needed. The self link is relative, as placement's is."""
+    return JSONResponse(
+        {
+            "versions": [
+                {
+                    "id": f"v{MIN_VERSION}",
+                    "max_version": str(MAX_VERSION),
+                    "min_version": str(MIN_VERSION),
+                    "status": "CURRENT",
+                    "links": [{"rel": "self", "href": ""}],
+                }
+            ]
+        }
+    )
+
+
+router.include_router(providers.router)
+router.include_router(traits.router)
+router.include_router(allocations.router)
