@@ -131,7 +131,7 @@ def test_anti_affinity_puts_members_on_distinct_hosts_and_refuses_one_too_many(
 
 def test_a_pinned_server_reports_its_pcpus_in_topology(cloud: RunningCloud) -> None:
     name = unique("pinned")
-    server = create(cloud, name, flavor="cirros256-pinned")
+    server = create(cloud, name, flavor="m1.pinned")
     token = cloud.token()
     topology = compute(cloud, token, "GET", f"/servers/{server['id']}/topology", "2.78").json()
     assert len(topology["nodes"]) == 1

@@ -198,6 +198,9 @@ class Ledger:
             values["forced_down"] = forced_down
         if last_seen is not None:
             values["last_seen"] = last_seen
+        if not values:
+            self.host_id(name)  # nothing to change: still a NotFound for an unknown host
+            return
         with self.engine.begin() as conn:
             host_id = conn.execute(
                 update(hosts).where(hosts.c.name == name).values(**values).returning(hosts.c.id)

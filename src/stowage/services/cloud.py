@@ -32,7 +32,7 @@ DEFAULT_FLAVORS: tuple[tuple[str, str, int, int, int, dict[str, str]], ...] = (
     ("5", "m1.xlarge", 8, 16384, 160, {}),
     ("42", "m1.nano", 1, 128, 1, {}),
     ("84", "m1.micro", 1, 192, 1, {}),
-    ("c1", "cirros256-pinned", 1, 256, 1, {"hw:cpu_policy": "dedicated"}),
+    ("c1", "m1.pinned", 1, 256, 1, {"hw:cpu_policy": "dedicated"}),
 )
 
 
