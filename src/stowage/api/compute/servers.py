@@ -16,6 +16,7 @@ from stowage.api.compute.microversion import mv
 from stowage.domain.errors import InvalidSpec, NotFound
 from stowage.ledger.objects import Document
 from stowage.services.cloud import Cloud
+from stowage.services.compute_catalog import visible_flavor
 from stowage.services.compute import (
     BuildRequest,
     build_servers,
@@ -195,9 +196,10 @@ def _parse_create(cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
             400, "Invalid input for field/attribute flavorRef: 'flavorRef' is a required property"
         )
     flavor_id = str(flavor_ref).rstrip("/").rsplit("/", 1)[-1]
-    flavor = cloud.objects.find("flavor", flavor_id)
-    if flavor is None:
-        raise ApiError(400, f"Flavor {flavor_ref} could not be found.")
+    try:
+        flavor = visible_flavor(cloud, flavor_id, ctx.project_id, ctx.is_admin)
+    except NotFound:
+        raise ApiError(400, f"Flavor {flavor_ref} could not be found.") from None
     image_ref = server.get("imageRef") or ""
     bdms = server.get("block_device_mapping_v2") or []
     if not image_ref:
