@@ -189,16 +189,17 @@ def test_power_actions_follow_the_state_machine(cloud: RunningCloud) -> None:
 
 def test_reset_state_is_admin_only(cloud: RunningCloud) -> None:
     name = unique("reset")
-    create(cloud, name, user="stowage")
+    server_id = create(cloud, name, user="stowage")["id"]
     denied = cloud.osc(
         "server", "set", "--state", "error", "--auto-approve", name, cloud="stowage", check=False
     )
     assert denied.returncode != 0
     assert "403" in denied.stderr or "Policy" in denied.stderr
-    cloud.osc("server", "set", "--state", "error", "--auto-approve", name)
-    assert cloud.osc_json("server", "show", name)["status"] == "ERROR"
-    cloud.osc("server", "set", "--state", "active", "--auto-approve", name)
-    assert cloud.osc_json("server", "show", name)["status"] == "ACTIVE"
+    # The admin works in its own project, so it names the member's server by id.
+    cloud.osc("server", "set", "--state", "error", "--auto-approve", server_id)
+    assert cloud.osc_json("server", "show", name, cloud="stowage")["status"] == "ERROR"
+    cloud.osc("server", "set", "--state", "active", "--auto-approve", server_id)
+    assert cloud.osc_json("server", "show", name, cloud="stowage")["status"] == "ACTIVE"
     cloud.osc("server", "delete", "--wait", name, cloud="stowage")
 
 

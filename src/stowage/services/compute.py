@@ -15,6 +15,7 @@ from stowage.domain.flavor import Flavor, shape_of
 from stowage.ledger.db import READONLY
 from stowage.ledger.schema import consumers, hosts, numa_claims, pins
 from stowage.scheduling.framework import Request
+from stowage.services import networks
 from stowage.services.cloud import Cloud
 
 __all__ = [
@@ -93,6 +94,7 @@ class BuildRequest:
     hints: dict[str, Any] = field(default_factory=dict)
     image_properties: dict[str, str] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
+    is_admin: bool = False
 
 
 def record_action(
@@ -242,9 +244,23 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
             }
         else:
             body["host"] = names.get(placement.claim.host_id)
-            body["addresses"] = _allocate_addresses(cloud, body)
-            _set_state(body, ACTIVE, task_state=None)
-            body["launched_at"] = time.time()
+            try:
+                body["addresses"] = _allocate_addresses(cloud, body, is_admin=build.is_admin)
+            except StowageError as exc:
+                # No half-built server: without its ports it holds no claim either.
+                networks.release_ports(cloud, body["id"])
+                cloud.ledger.release(body["id"], forget=False)
+                body["host"] = None
+                _set_state(body, ERROR, task_state=None)
+                body["fault"] = {
+                    "code": 500,
+                    "message": f"Build of instance {body['id']} aborted: {exc}",
+                    "created": time.time(),
+                    "details": exc.code,
+                }
+            else:
+                _set_state(body, ACTIVE, task_state=None)
+                body["launched_at"] = time.time()
         cloud.objects.update("instance", body["id"], body)
         record_action(
             cloud,
@@ -253,39 +269,42 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
             build.user_id,
             build.project_id,
             request_id,
-            result="Success" if placement.ok else "Error",
-            message=None if placement.ok else body["fault"]["message"],
+            result="Error" if body["status"] == ERROR.status else "Success",
+            message=body["fault"]["message"] if body.get("fault") else None,
         )
     return docs
 
 
-def _allocate_addresses(cloud: Cloud, body: dict[str, Any]) -> dict[str, Any]:
+def _allocate_addresses(cloud: Cloud, body: dict[str, Any], *, is_admin: bool) -> dict[str, Any]:
+    """Ports for the server's NICs (new ones on networks, or given ports), then its addresses."""
     from stowage.services import networks
 
-    allocate = getattr(networks, "allocate_port", None)
-    if allocate is None or body.get("networks") == "none":
-        return {}
     wanted = body.get("networks")
-    network_ids: list[str] = []
-    if isinstance(wanted, list):
-        network_ids = [n["uuid"] for n in wanted if isinstance(n, dict) and n.get("uuid")]
-    if not network_ids:
-        return {}
-    addresses: dict[str, Any] = {}
-    for network_id in network_ids:
-        port = allocate(cloud, network_id, body["project_id"], body["id"])
-        network = cloud.objects.find("network", network_id)
-        label = network.name if network is not None and network.name else network_id
-        for fixed in port.get("fixed_ips", []):
-            addresses.setdefault(label, []).append(
-                {
-                    "version": 6 if ":" in fixed["ip_address"] else 4,
-                    "addr": fixed["ip_address"],
-                    "OS-EXT-IPS:type": "fixed",
-                    "OS-EXT-IPS-MAC:mac_addr": port.get("mac_address"),
-                }
+    if not isinstance(wanted, list):
+        return {}  # "auto" or "none": no network is asked for by id
+    for nic in wanted:
+        if not isinstance(nic, dict):
+            continue
+        if nic.get("port"):
+            networks.attach_port(
+                cloud,
+                nic["port"],
+                body["project_id"],
+                body["id"],
+                is_admin=is_admin,
+                host=body.get("host"),
             )
-    return addresses
+        elif nic.get("uuid"):
+            networks.allocate_port(
+                cloud,
+                nic["uuid"],
+                body["project_id"],
+                body["id"],
+                is_admin=is_admin,
+                host=body.get("host"),
+                fixed_ip=nic.get("fixed_ip"),
+            )
+    return networks.addresses_of(cloud, body["id"])
 
 
 def _set_state(body: dict[str, Any], state: InstanceState, *, task_state: str | None) -> None:
@@ -303,9 +322,7 @@ def delete_server(cloud: Cloud, instance_id: str) -> None:
     if doc.body.get("locked"):
         raise ConflictError(f"Instance {instance_id} is locked")
     cloud.ledger.release(instance_id)
-    for port in cloud.objects.list("port"):
-        if port.body.get("device_id") == instance_id:
-            cloud.objects.delete("port", port.id)
+    networks.release_ports(cloud, instance_id)
     cloud.objects.delete("instance", instance_id)
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "get_image",
     "image_file",
     "list_images",
+    "properties_of",
     "remove_tag",
     "render",
     "set_active",

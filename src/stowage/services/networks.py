@@ -59,6 +59,7 @@ __all__ = [
     "list_subnets",
     "release_ports",
     "set_tags",
+    "tags_of",
     "update_network",
     "update_port",
     "update_security_group",

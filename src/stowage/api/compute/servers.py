@@ -16,7 +16,6 @@ from stowage.api.compute.microversion import mv
 from stowage.domain.errors import InvalidSpec, NotFound
 from stowage.ledger.objects import Document
 from stowage.services.cloud import Cloud
-from stowage.services.compute_catalog import visible_flavor
 from stowage.services.compute import (
     BuildRequest,
     build_servers,
@@ -25,6 +24,8 @@ from stowage.services.compute import (
     power_action,
     record_action,
 )
+from stowage.services.compute_catalog import visible_flavor
+from stowage.services.images import properties_of
 
 router = APIRouter()
 
@@ -208,9 +209,18 @@ def _parse_create(cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
     if image_ref:
         image_id = str(image_ref).rstrip("/").rsplit("/", 1)[-1]
         image = cloud.objects.find("image", image_id)
-        if image is None:
+        visible = image is not None and (
+            ctx.is_admin
+            or image.body.get("visibility") in ("public", "community")
+            or image.body.get("owner") == ctx.project_id
+        )
+        if image is None or not visible:
             raise ApiError(400, f"Image {image_ref} could not be found.")
-        image_properties = {k: str(v) for k, v in image.body.items() if isinstance(v, str)}
+        if image.body.get("status") != "active":
+            raise ApiError(400, f"Image {image_id} is not active.")
+        image_properties = {
+            k: str(v) for k, v in properties_of(image.body).items() if isinstance(v, str | int)
+        }
         image_ref = image_id
     elif not bdms:
         raise ApiError(
@@ -257,6 +267,7 @@ def _parse_create(cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
         hints=dict(hints),
         image_properties=image_properties,
         tags=list(server.get("tags") or []),
+        is_admin=ctx.is_admin,
     )
 
 
