@@ -464,21 +464,34 @@ class Ledger:
 
     # -- release and move -------------------------------------------------------------
 
-    def release(self, consumer_id: str, *, forget: bool = True) -> bool:
+    def release(
+        self,
+        consumer_id: str,
+        *,
+        forget: bool = True,
+        also: Callable[[Connection], None] | None = None,
+    ) -> bool:
         """Drop every claim a consumer holds, in one transaction. Idempotent.
 
         `forget` also deletes the consumer (a deleted instance, a finished migration);
-        otherwise an instance stays known with no host.
+        otherwise an instance stays known with no host. `also` runs in the same
+        transaction (a status change that must commit with the release, or not at all).
         """
-        return self._retry(lambda conn: self._release(conn, consumer_id, forget=forget))
+        return self._retry(
+            lambda conn: _then(self._release(conn, consumer_id, forget=forget), also, conn)
+        )
 
-    def complete_migration(self, migration_id: str) -> bool:
+    def complete_migration(
+        self, migration_id: str, *, also: Callable[[Connection], None] | None = None
+    ) -> bool:
         """The instance moves: its source claims go and the migration's become its own."""
-        return self._retry(lambda conn: self._complete(conn, migration_id))
+        return self._retry(lambda conn: _then(self._complete(conn, migration_id), also, conn))
 
-    def fail_migration(self, migration_id: str) -> bool:
+    def fail_migration(
+        self, migration_id: str, *, also: Callable[[Connection], None] | None = None
+    ) -> bool:
         """The instance stays: the destination's claims go with the migration."""
-        return self.release(migration_id, forget=True)
+        return self.release(migration_id, forget=True, also=also)
 
     def _retry(self, work: Callable[[Connection], bool]) -> bool:
         for attempt in range(_BATCH_RETRIES_MAX):
@@ -814,6 +827,12 @@ def _pins_with_withheld(pinned: Any, withheld: frozenset[int]) -> Iterable[tuple
         yield cpu, vcpu
     for cpu in withheld:
         yield cpu, None
+
+
+def _then(result: bool, also: Callable[[Connection], None] | None, conn: Connection) -> bool:
+    if also is not None:
+        also(conn)
+    return result
 
 
 def _retryable(exc: DBAPIError) -> bool:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, insert, or_, select, update
+from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from stowage.domain.errors import ConflictError, NotFound
@@ -101,6 +101,16 @@ class ObjectStore:
         if not changed:
             raise NotFound(f"{kind} {id} could not be found")
         return self.get(kind, id)
+
+    def update_in(self, conn: Connection, kind: str, id: str, body: Mapping[str, Any]) -> None:
+        """Replace a document inside a transaction the caller holds (with a ledger change)."""
+        changed = conn.execute(
+            update(objects)
+            .where(objects.c.kind == kind, objects.c.id == id)
+            .values(body=json.dumps(dict(body), sort_keys=True), updated_at=self.clock())
+        ).rowcount
+        if not changed:
+            raise NotFound(f"{kind} {id} could not be found")
 
     def find(self, kind: str, id: str) -> Document | None:
         with self.engine.connect().execution_options(**READONLY) as conn:

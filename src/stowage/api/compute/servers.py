@@ -26,6 +26,7 @@ from stowage.services.compute import (
 )
 from stowage.services.compute_catalog import visible_flavor
 from stowage.services.images import properties_of
+from stowage.services.migrations import confirm_resize, move, revert_resize
 
 router = APIRouter()
 
@@ -500,6 +501,7 @@ async def remove_server(request: Request, server_id: str) -> Response:
 
 _POWER_ACTIONS = {"os-stop", "os-start", "reboot", "pause", "unpause", "suspend", "resume"}
 _ADMIN_ACTIONS = {"os-resetState", "os-migrateLive", "migrate", "evacuate"}
+# Nova's defaults: moving servers between hosts is for admins; resizing is for owners.
 
 
 @router.post("/servers/{server_id}/action")
@@ -544,7 +546,77 @@ async def server_action(request: Request, server_id: str) -> Response:
         cloud.objects.update("instance", server_id, body)
         record_action(cloud, server_id, "resetState", ctx.user_id, ctx.project_id, rid)
         return Response(status_code=202)
+    if action in _MOVES:
+        return await _move_action(request, ctx, doc, action, args)
     raise ApiError(400, f"There is no such action: {action}")
+
+
+_MOVES = {"evacuate", "os-migrateLive", "migrate", "resize", "confirmResize", "revertResize"}
+
+
+async def _move_action(
+    request: Request, ctx: Context, doc: Document, action: str, args: Any
+) -> Response:
+    cloud = cloud_of(request)
+    server_id = doc.id
+    args = args if isinstance(args, dict) else {}
+    rid = request.state.request_id
+    if action == "confirmResize":
+        await asyncio.to_thread(confirm_resize, cloud, server_id)
+        record_action(cloud, server_id, "confirmResize", ctx.user_id, ctx.project_id, rid)
+        return Response(status_code=204)
+    if action == "revertResize":
+        await asyncio.to_thread(revert_resize, cloud, server_id)
+        record_action(cloud, server_id, "revertResize", ctx.user_id, ctx.project_id, rid)
+        return Response(status_code=202)
+    kind = {
+        "evacuate": "evacuation",
+        "os-migrateLive": "live-migration",
+        "migrate": "migration",
+        "resize": "resize",
+    }[action]
+    dest = args.get("host")
+    if dest is not None and not isinstance(dest, str):
+        raise ApiError(400, "Invalid input for field/attribute host.")
+    new_flavor = None
+    if action == "resize":
+        ref = args.get("flavorRef")
+        if ref is None:
+            raise ApiError(400, "Invalid input for field/attribute flavorRef: required")
+        try:
+            new_flavor = dict(visible_flavor(cloud, str(ref), ctx.project_id, ctx.is_admin).body)
+        except NotFound:
+            raise ApiError(400, f"Flavor {ref} could not be found.") from None
+        if new_flavor["id"] == doc.body["flavor"]["id"]:
+            raise ApiError(400, "When resizing, instances must change flavor!")
+    result = await asyncio.to_thread(
+        move,
+        cloud,
+        server_id,
+        kind,
+        user_id=ctx.user_id,
+        project_id=ctx.project_id,
+        dest=dest,
+        new_flavor=new_flavor,
+    )
+    record_action(
+        cloud,
+        server_id,
+        {
+            "evacuation": "evacuate",
+            "live-migration": "live-migration",
+            "migration": "migrate",
+            "resize": "resize",
+        }[kind],
+        ctx.user_id,
+        ctx.project_id,
+        rid,
+        result="Error" if result.status == "failed" else "Success",
+        message=result.reason or None,
+    )
+    if action == "evacuate":
+        return Response(status_code=200)
+    return Response(status_code=202)
 
 
 @router.get("/servers/{server_id}/topology")

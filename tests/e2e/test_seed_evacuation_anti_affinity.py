@@ -1,0 +1,151 @@
+"""Seed: parallel evacuations must not break anti-affinity (evacuation-breaks-anti-affinity.txt).
+
+Run with the `openstack` CLI against `stowage up`, the evacuations fired at the same moment
+as separate processes, as an operator's script would.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.api.cloudproc import BIN, RunningCloud, start_cloud, stop_cloud
+
+IMAGE = "cirros-0.6.2-x86_64-disk"
+
+
+@pytest.fixture
+def make_cloud(tmp_path: Path) -> Iterator[object]:
+    started: list[RunningCloud] = []
+
+    def make(hosts: int) -> RunningCloud:
+        cloud = start_cloud(tmp_path / f"state{len(started)}", "--hosts", str(hosts))
+        started.append(cloud)
+        return cloud
+
+    yield make
+    for cloud in started:
+        stop_cloud(cloud)
+
+
+def place_group(cloud: RunningCloud, hosts: list[str]) -> tuple[str, list[str]]:
+    """An anti-affinity group with one member on each of `hosts`; returns the server ids."""
+    group = cloud.osc_json(
+        "server", "group", "create", "--policy", "anti-affinity", f"anti-{uuid.uuid4().hex[:6]}"
+    )
+    ids = []
+    for host in hosts:
+        server = cloud.osc_json(
+            "server",
+            "create",
+            "--flavor",
+            "m1.tiny",
+            "--image",
+            IMAGE,
+            "--nic",
+            "none",
+            "--hint",
+            f"group={group['id']}",
+            "--availability-zone",
+            f"nova:{host}",
+            "--wait",
+            f"member-{host}",
+        )
+        ids.append(server["id"])
+    return group["id"], ids
+
+
+def evacuate_at_once(
+    cloud: RunningCloud, server_ids: list[str]
+) -> list[subprocess.CompletedProcess[str]]:
+    """Start every `openstack server evacuate` before waiting for any."""
+    procs = [
+        subprocess.Popen(
+            [str(BIN / "openstack"), "server", "evacuate", server_id],
+            env=cloud.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for server_id in server_ids
+    ]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=180)
+        out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return out
+
+
+def where(cloud: RunningCloud, server_id: str) -> dict[str, object]:
+    shown: dict[str, object] = cloud.osc_json("server", "show", server_id)
+    return shown
+
+
+def audit_is_clean(cloud: RunningCloud) -> None:
+    result = subprocess.run(
+        [str(BIN / "stowage"), "audit", "--state-dir", str(cloud.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_two_members_three_hosts_one_lands_the_other_fails_clearly(make_cloud) -> None:  # type: ignore[no-untyped-def]
+    cloud = make_cloud(3)
+    _, ids = place_group(cloud, ["host1", "host2"])
+    for host in ("host1", "host2"):
+        cloud.osc("compute", "service", "set", "--down", host, "nova-compute")
+    results = evacuate_at_once(cloud, ids)
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    servers = [where(cloud, i) for i in ids]
+    landed = [s for s in servers if s["status"] == "ACTIVE"]
+    failed = [s for s in servers if s["status"] == "ERROR"]
+    assert len(landed) == 1 and len(failed) == 1, [(s["status"], s.get("fault")) for s in servers]
+    assert landed[0]["OS-EXT-SRV-ATTR:host"] == "host3"
+    assert "No valid host was found" in str(failed[0]["fault"])
+    assert "server_group" in str(failed[0]["fault"])
+    migrations = cloud.osc_json("server", "migration", "list")
+    assert sorted(m["Status"] for m in migrations) == ["completed", "failed"]
+    audit_is_clean(cloud)
+
+
+def test_two_members_four_hosts_both_land_on_different_hosts(make_cloud) -> None:  # type: ignore[no-untyped-def]
+    cloud = make_cloud(4)
+    _, ids = place_group(cloud, ["host1", "host2"])
+    for host in ("host1", "host2"):
+        cloud.osc("compute", "service", "set", "--down", host, "nova-compute")
+    evacuate_at_once(cloud, ids)
+    servers = [where(cloud, i) for i in ids]
+    assert [s["status"] for s in servers] == ["ACTIVE", "ACTIVE"]
+    assert {s["OS-EXT-SRV-ATTR:host"] for s in servers} == {"host3", "host4"}
+    audit_is_clean(cloud)
+
+
+def test_ten_members_ten_down_hosts_ten_free_all_land_apart(make_cloud) -> None:  # type: ignore[no-untyped-def]
+    cloud = make_cloud(20)
+    down = [f"host{i}" for i in range(1, 11)]
+    _, ids = place_group(cloud, down)
+    for host in down:
+        cloud.osc("compute", "service", "set", "--down", host, "nova-compute")
+    evacuate_at_once(cloud, ids)
+    servers = [where(cloud, i) for i in ids]
+    assert [s["status"] for s in servers] == ["ACTIVE"] * 10, [s.get("fault") for s in servers]
+    landed = [s["OS-EXT-SRV-ATTR:host"] for s in servers]
+    assert len(set(landed)) == 10, f"anti-affinity broken: {sorted(map(str, landed))}"
+    assert not set(landed) & set(down)
+    audit_is_clean(cloud)
+
+
+def test_evacuating_from_a_host_that_is_up_is_refused(make_cloud) -> None:  # type: ignore[no-untyped-def]
+    cloud = make_cloud(2)
+    _, ids = place_group(cloud, ["host1"])
+    result = cloud.osc("server", "evacuate", ids[0], check=False)
+    assert result.returncode != 0
+    assert "still in use" in result.stderr
+    assert where(cloud, ids[0])["status"] == "ACTIVE"
+    audit_is_clean(cloud)
