@@ -164,6 +164,70 @@ def up(
     console.print("Stowage stopped.")
 
 
+host_app = typer.Typer(help="Whole-host operations on a running cloud.")
+app.add_typer(host_app, name="host")
+
+
+def _admin_session(state_dir: Path) -> tuple[str, dict[str, str]]:
+    """The running cloud's compute URL and an admin token, from its clouds.yaml."""
+    import httpx
+    import yaml
+
+    path = state_dir / "clouds.yaml"
+    if not path.exists():
+        err.print(f"[red]No cloud at {state_dir}[/red]: start one with `stowage up`.")
+        raise typer.Exit(2)
+    auth = yaml.safe_load(path.read_text())["clouds"]["stowage-admin"]["auth"]
+    body = {
+        "auth": {
+            "identity": {
+                "methods": ["password"],
+                "password": {
+                    "user": {
+                        "name": auth["username"],
+                        "domain": {"name": "Default"},
+                        "password": auth["password"],
+                    }
+                },
+            },
+            "scope": {"project": {"name": auth["project_name"], "domain": {"name": "Default"}}},
+        }
+    }
+    try:
+        response = httpx.post(f"{auth['auth_url']}/auth/tokens", json=body, timeout=30)
+    except httpx.HTTPError as exc:
+        err.print(f"[red]The cloud at {auth['auth_url']} does not answer[/red]: {exc}")
+        raise typer.Exit(2) from None
+    response.raise_for_status()
+    base = auth["auth_url"].rsplit("/identity", 1)[0]
+    return f"{base}/compute/v2.1", {"X-Auth-Token": response.headers["x-subject-token"]}
+
+
+@host_app.command("evacuate")
+def host_evacuate(host: str, state_dir: StateDir = Path(".stowage")) -> None:
+    """Re-plan every instance of a down HOST together; report where each went or why not."""
+    import httpx
+
+    compute, headers = _admin_session(state_dir)
+    response = httpx.post(
+        f"{compute}/os-stowage-hosts/{host}/evacuate", headers=headers, timeout=300
+    )
+    if response.status_code >= 400:
+        fault: dict[str, object] = next(iter(response.json().values()), {})
+        message = fault.get("message", response.text)
+        err.print(f"[red]{response.status_code}[/red]: {message}")
+        raise typer.Exit(1)
+    failed = 0
+    for item in response.json()["evacuations"]:
+        if item["status"] == "failed":
+            failed += 1
+            console.print(f"{item['server_id']}: not moved: {item['reason']}", markup=False)
+        else:
+            console.print(f"{item['server_id']}: {item['status']} on {item['host']}", markup=False)
+    if failed:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

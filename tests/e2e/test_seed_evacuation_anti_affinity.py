@@ -149,3 +149,42 @@ def test_evacuating_from_a_host_that_is_up_is_refused(make_cloud) -> None:  # ty
     assert "still in use" in result.stderr
     assert where(cloud, ids[0])["status"] == "ACTIVE"
     audit_is_clean(cloud)
+
+
+def test_a_whole_host_is_evacuated_as_one_plan(make_cloud) -> None:  # type: ignore[no-untyped-def]
+    """`stowage host evacuate`: every instance of a down host, re-planned together."""
+    cloud = make_cloud(4)
+    group, _ = place_group(cloud, ["host2", "host3"])
+    ids = []
+    for i in range(3):
+        hint = ("--hint", f"group={group}") if i == 0 else ()
+        server = cloud.osc_json(
+            "server",
+            "create",
+            "--flavor",
+            "m1.tiny",
+            "--image",
+            IMAGE,
+            "--nic",
+            "none",
+            *hint,
+            "--availability-zone",
+            "nova:host1",
+            "--wait",
+            f"on-host1-{i}",
+        )
+        ids.append(server["id"])
+    cloud.osc("compute", "service", "set", "--down", "host1", "nova-compute")
+    result = subprocess.run(
+        [str(BIN / "stowage"), "host", "evacuate", "host1", "--state-dir", str(cloud.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("completed on") == 3
+    hosts = [where(cloud, i)["OS-EXT-SRV-ATTR:host"] for i in ids]
+    assert "host1" not in hosts
+    assert hosts[0] == "host4"  # the group member: host2 and host3 hold its siblings
+    audit_is_clean(cloud)

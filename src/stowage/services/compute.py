@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 
 from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
-from stowage.domain.flavor import Flavor, shape_of
+from stowage.domain.flavor import Flavor, InstanceShape, shape_of
 from stowage.ledger.db import READONLY
 from stowage.ledger.schema import consumers, hosts, numa_claims, pins
 from stowage.scheduling.framework import Request
@@ -140,6 +140,20 @@ def record_action(
     )
 
 
+def shape_of_flavor(flavor: Mapping[str, Any]) -> InstanceShape:
+    """The instance shape of a flavor document (the compute API's flavor fields)."""
+    return shape_of(
+        Flavor(
+            name=flavor["name"],
+            vcpus=int(flavor["vcpus"]),
+            memory_mb=int(flavor["ram"]),
+            disk_gb=int(flavor["disk"]),
+            extra_specs=dict(flavor.get("extra_specs") or {}),
+            ephemeral_gb=int(flavor.get("ephemeral") or 0),
+        )
+    )
+
+
 def _host_names(cloud: Cloud) -> dict[int, str]:
     with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
         return {row.id: row.name for row in conn.execute(select(hosts.c.id, hosts.c.name))}
@@ -160,16 +174,7 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
     Instances that cannot be placed go to ERROR with a fault that says why, as Nova's do.
     """
     flavor = build.flavor
-    shape = shape_of(
-        Flavor(
-            name=flavor["name"],
-            vcpus=int(flavor["vcpus"]),
-            memory_mb=int(flavor["ram"]),
-            disk_gb=int(flavor["disk"]),
-            extra_specs=dict(flavor.get("extra_specs") or {}),
-            ephemeral_gb=int(flavor.get("ephemeral") or 0),
-        )
-    )
+    shape = shape_of_flavor(flavor)
     same = _host_ids_of(cloud, build.same_host)
     if build.same_host and not same:
         raise InvalidSpec("same_host: none of the named instances has a host")

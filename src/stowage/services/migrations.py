@@ -23,14 +23,15 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from stowage.domain.claims import ConsumerKind
-from stowage.domain.errors import ConflictError, InvalidSpec
-from stowage.domain.flavor import Flavor, shape_of
+from stowage.domain.errors import ConflictError, InvalidSpec, NotFound
 from stowage.ledger.db import READONLY
 from stowage.ledger.schema import hosts
 from stowage.scheduling.framework import Request
 from stowage.services.cloud import Cloud
+from stowage.services.compute import shape_of_flavor
+from stowage.services.scheduler import Placement
 
-__all__ = ["MoveResult", "confirm_resize", "move", "revert_resize"]
+__all__ = ["MoveResult", "confirm_resize", "evacuate_host", "move", "revert_resize"]
 
 # migration_type -> (instance status while moving, task_state)
 _MOVING = {
@@ -74,17 +75,26 @@ def _number(cloud: Cloud) -> int:
     return len(cloud.objects.list("migration")) + 1
 
 
-def move(
+@dataclass(slots=True)
+class _Started:
+    migration_id: str
+    record: dict[str, Any]
+    instance_id: str
+    flavor: dict[str, Any]
+    request: Request
+
+
+def _start(
     cloud: Cloud,
     instance_id: str,
     migration_type: str,
     *,
     user_id: str,
     project_id: str,
-    dest: str | None = None,
-    new_flavor: dict[str, Any] | None = None,
-) -> MoveResult:
-    """Start a move: check the source, record the migration, claim a destination."""
+    dest: str | None,
+    new_flavor: dict[str, Any] | None,
+) -> _Started:
+    """Check the source, record the migration, mark the instance moving; claim nothing yet."""
     doc = cloud.objects.get("instance", instance_id)
     body = dict(doc.body)
     source = body.get("host")
@@ -128,16 +138,7 @@ def move(
     request = Request(
         consumer_id=migration_id,
         instance_id=instance_id,
-        shape=shape_of(
-            Flavor(
-                name=flavor["name"],
-                vcpus=int(flavor["vcpus"]),
-                memory_mb=int(flavor["ram"]),
-                disk_gb=int(flavor["disk"]),
-                extra_specs=dict(flavor.get("extra_specs") or {}),
-                ephemeral_gb=int(flavor.get("ephemeral") or 0),
-            )
-        ),
+        shape=shape_of_flavor(flavor),
         kind=ConsumerKind.MIGRATION,
         project_id=body["project_id"],
         user_id=body["user_id"],
@@ -145,25 +146,78 @@ def move(
         force_host=dest,
         ignore_hosts=frozenset({cloud.ledger.host_id(source)}),
     )
-    with cloud.schedule_lock:
-        placement = cloud.scheduler.schedule([request])[0]
+    return _Started(migration_id, record, instance_id, flavor, request)
+
+
+def _settle(cloud: Cloud, started: _Started, placement: Placement) -> MoveResult:
+    """Finish or fail a started move according to its placement."""
+    migration_id, record, instance_id = started.migration_id, started.record, started.instance_id
     if placement.claim is None:
         return _fail_start(cloud, migration_id, record, instance_id, placement.reason)
     dest_name = _name_of(cloud, placement.claim.host_id)
     record.update(status="running", dest_compute=dest_name, dest_host=dest_name)
     cloud.objects.update("migration", migration_id, record)
-    if migration_type in ("evacuation", "live-migration"):
-        return _finish(cloud, migration_id, record, instance_id, dest_name, flavor)
+    if record["migration_type"] in ("evacuation", "live-migration"):
+        return _finish(cloud, migration_id, record, instance_id, dest_name, started.flavor)
     # Cold migration and resize rest in VERIFY_RESIZE, both ends held, until confirmed.
     body = dict(cloud.objects.get("instance", instance_id).body)
     body.update(status="VERIFY_RESIZE", vm_state="resized", task_state=None)
     record["status"] = "finished"
-
-    write = _writer(cloud, migration_id, record, instance_id, body)
-
     with cloud.ledger.engine.begin() as conn:
-        write(conn)
+        _writer(cloud, migration_id, record, instance_id, body)(conn)
     return MoveResult(migration_id, "finished", dest_name)
+
+
+def move(
+    cloud: Cloud,
+    instance_id: str,
+    migration_type: str,
+    *,
+    user_id: str,
+    project_id: str,
+    dest: str | None = None,
+    new_flavor: dict[str, Any] | None = None,
+) -> MoveResult:
+    """Start a move: check the source, record the migration, claim a destination."""
+    started = _start(
+        cloud,
+        instance_id,
+        migration_type,
+        user_id=user_id,
+        project_id=project_id,
+        dest=dest,
+        new_flavor=new_flavor,
+    )
+    with cloud.schedule_lock:
+        placement = cloud.scheduler.schedule([started.request])[0]
+    return _settle(cloud, started, placement)
+
+
+def evacuate_host(
+    cloud: Cloud, host: str, *, user_id: str, project_id: str
+) -> dict[str, MoveResult]:
+    """Every instance of a down host re-planned together, as one plan: per instance, where it
+    went or why it could not. Nova only has a client-side loop for this."""
+    if _host_row(cloud, host) is None:
+        raise NotFound(f"Compute host {host} could not be found.")
+    if host_is_up(cloud, host):
+        raise ConflictError(f"Compute service of {host} is still in use.")
+    instances = [d.id for d in cloud.objects.list("instance") if d.body.get("host") == host]
+    started = [
+        _start(
+            cloud,
+            instance_id,
+            "evacuation",
+            user_id=user_id,
+            project_id=project_id,
+            dest=None,
+            new_flavor=None,
+        )
+        for instance_id in instances
+    ]
+    with cloud.schedule_lock:
+        placements = cloud.scheduler.schedule([s.request for s in started])
+    return {s.instance_id: _settle(cloud, s, p) for s, p in zip(started, placements, strict=True)}
 
 
 def _writer(
@@ -202,7 +256,6 @@ def _fail_start(
     record.update(status="failed", reason=reason)
 
     write = _writer(cloud, migration_id, record, instance_id, body)
-
     cloud.ledger.fail_migration(migration_id, also=write)
     return MoveResult(migration_id, "failed", None, reason)
 
@@ -230,7 +283,6 @@ def _finish(
     record["status"] = "completed"
 
     write = _writer(cloud, migration_id, record, instance_id, body)
-
     cloud.ledger.complete_migration(migration_id, also=write)
     return MoveResult(migration_id, "completed", dest)
 
@@ -262,7 +314,6 @@ def confirm_resize(cloud: Cloud, instance_id: str) -> None:
     record["status"] = "confirmed"
 
     write = _writer(cloud, migration_id, record, instance_id, body)
-
     cloud.ledger.complete_migration(migration_id, also=write)
 
 
@@ -279,5 +330,4 @@ def revert_resize(cloud: Cloud, instance_id: str) -> None:
     record["status"] = "reverted"
 
     write = _writer(cloud, migration_id, record, instance_id, body)
-
     cloud.ledger.fail_migration(migration_id, also=write)

@@ -13,6 +13,7 @@ from stowage.api.compute import (
     aggregates,
     availability_zones,
     flavors,
+    host_evacuate,
     hypervisors,
     instance_actions,
     keypairs,
@@ -39,6 +40,7 @@ _ROUTERS = (
     migrations,
     servers,
     instance_actions,
+    host_evacuate,
 )
 
 
