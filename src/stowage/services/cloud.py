@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import uuid
@@ -92,15 +93,16 @@ class Cloud:
                 role = self.objects.find("role", doc.body["role_id"])
                 if role is not None:
                     names.append(role.name or "")
-        # Keystone's implied roles: admin implies manager, member and reader.
-        implied = {
-            "admin": ("manager", "member", "reader"),
-            "manager": ("member", "reader"),
-            "member": ("reader",),
-        }
+        from stowage.services.identity import IMPLIED_ROLES
+
+        # Implied roles, followed to the end: admin implies manager, member and reader.
         out = set(names)
-        for name in names:
-            out.update(implied.get(name, ()))
+        pending = list(names)
+        while pending:
+            for implied in IMPLIED_ROLES.get(pending.pop(), ()):
+                if implied not in out:
+                    out.add(implied)
+                    pending.append(implied)
         return tuple(sorted(out))
 
     def catalog(self) -> list[dict[str, object]]:
@@ -211,7 +213,9 @@ def bootstrap(cloud: Cloud) -> None:
             name=name,
         )
         for project, role in grants:
-            grant_id = f"{user_id}:{projects[project]}:{role_ids[role]}"
+            scope = f"project:{projects[project]}"
+            # The same id the identity service gives a grant (ids are at most 64 characters).
+            grant_id = hashlib.sha256(f"{scope}\0{user_id}\0{role_ids[role]}".encode()).hexdigest()
             objects.create(
                 "assignment",
                 grant_id,

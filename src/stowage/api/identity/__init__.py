@@ -1,5 +1,4 @@
-"""Identity v3 (Keystone): version discovery, tokens, and the directory of domains, projects,
-users, roles and role assignments."""
+"""Identity v3 (Keystone): discovery, tokens, domains, projects, users, roles and grants."""
 
 from __future__ import annotations
 

@@ -1,0 +1,301 @@
+"""Role grants on projects and domains, /v3/role_assignments, and a user's projects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from stowage.api.common import ApiError
+from stowage.api.identity.policy import Caller, admin, caller, forbid
+from stowage.api.identity.views import (
+    as_bool,
+    base_of,
+    collection,
+    domain_view,
+    keep,
+    matches_name,
+    project_view,
+    role_view,
+)
+from stowage.ledger.objects import Document
+from stowage.services.cloud import DEFAULT_DOMAIN
+from stowage.services.identity import IMPLIED_ROLES, Grant
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+_SCOPES = {"projects": "project", "domains": "domain"}
+
+
+def _scope(kind: str, target: str) -> dict[str, str | None]:
+    if kind not in _SCOPES:
+        raise ApiError(404, "The resource could not be found.")
+    return {
+        "project_id": target if kind == "projects" else None,
+        "domain_id": target if kind == "domains" else None,
+    }
+
+
+@router.put("/v3/{kind}/{target}/users/{user_id}/roles/{role_id}")
+async def grant_role(
+    request: Request, kind: str, target: str, user_id: str, role_id: str
+) -> Response:
+    scope = _scope(kind, target)
+    who = admin(request, "create_grant")
+    who.directory.grant(user_id, role_id, **scope)
+    return Response(status_code=204)
+
+
+@router.api_route("/v3/{kind}/{target}/users/{user_id}/roles/{role_id}", methods=["GET", "HEAD"])
+async def check_role(
+    request: Request, kind: str, target: str, user_id: str, role_id: str
+) -> Response:
+    scope = _scope(kind, target)
+    who = caller(request)
+    if not who.may_see_user(user_id):
+        raise forbid("identity:check_grant")
+    directory = who.directory
+    directory.user(user_id)
+    directory.role(role_id)
+    if scope["project_id"] is not None:
+        directory.project(target)
+    else:
+        directory.domain(target)
+    if directory.find_grant(user_id, role_id, **scope) is None:
+        raise ApiError(
+            404,
+            f"Could not find role assignment with role: {role_id}, user or group: {user_id}, "
+            f"project, domain, or system: {target}.",
+        )
+    return Response(status_code=204)
+
+
+@router.delete("/v3/{kind}/{target}/users/{user_id}/roles/{role_id}")
+async def revoke_role(
+    request: Request, kind: str, target: str, user_id: str, role_id: str
+) -> Response:
+    scope = _scope(kind, target)
+    who = admin(request, "revoke_grant")
+    directory = who.directory
+    directory.user(user_id)
+    directory.role(role_id)
+    if scope["project_id"] is not None:
+        directory.project(target)
+    else:
+        directory.domain(target)
+    directory.revoke(user_id, role_id, **scope)
+    return Response(status_code=204)
+
+
+@router.get("/v3/{kind}/{target}/users/{user_id}/roles")
+async def list_grants(request: Request, kind: str, target: str, user_id: str) -> JSONResponse:
+    scope = _scope(kind, target)
+    who = caller(request)
+    if not who.may_see_user(user_id):
+        raise forbid("identity:list_grants")
+    directory = who.directory
+    directory.user(user_id)
+    if scope["project_id"] is not None:
+        directory.project(target)
+    else:
+        directory.domain(target)
+    role_ids = {
+        g.role_id
+        for g in directory.grants(user_id=user_id, **scope)
+        if g.project_id == scope["project_id"] and g.domain_id == scope["domain_id"]
+    }
+    docs = [r for r in directory.roles() if r.id in role_ids]
+    base = base_of(request)
+    path = f"{kind}/{target}/users/{user_id}/roles"
+    return JSONResponse(collection(request, "roles", docs, lambda r: role_view(base, r), path=path))
+
+
+# -- role assignments -----------------------------------------------------------------------
+
+
+def _flag(request: Request, name: str) -> bool:
+    """Keystone treats a bare `?effective` as true, and `?effective=0` as false."""
+    value = request.query_params.get(name)
+    return value is not None and (value == "" or as_bool(value))
+
+
+@router.get("/v3/role_assignments")
+async def list_role_assignments(request: Request) -> JSONResponse:
+    who = caller(request)
+    params = request.query_params
+    user_id = params.get("user.id")
+    project_id = params.get("scope.project.id")
+    domain_id = params.get("scope.domain.id")
+    role_id = params.get("role.id")
+    effective = _flag(request, "effective")
+    include_names = _flag(request, "include_names")
+    include_subtree = _flag(request, "include_subtree")
+    if user_id and params.get("group.id"):
+        raise ApiError(400, "Specify a user or group, not both.")
+    if project_id and domain_id:
+        raise ApiError(400, "Specify a domain or project, not both.")
+    if include_subtree and not project_id:
+        raise ApiError(
+            400, "scope.project.id must be specified if include_subtree is also specified."
+        )
+    if effective and params.get("group.id"):
+        raise ApiError(
+            400, "Combining effective and group filter will always result in an empty list."
+        )
+    directory = who.directory
+    if (
+        params.get("group.id")
+        or params.get("scope.system")
+        or params.get("scope.OS-INHERIT:inherited_to")
+    ):
+        grants: list[Grant] = []  # no groups, system grants or inherited grants here
+    else:
+        grants = directory.grants(user_id=user_id or None, domain_id=domain_id or None)
+        if project_id:
+            projects = {project_id}
+            if include_subtree:
+                projects |= {p.id for p in directory.subtree(directory.project(project_id))}
+            grants = [g for g in grants if g.project_id in projects]
+        elif domain_id:
+            grants = [g for g in grants if g.domain_id == domain_id]
+    if not who.is_admin:
+        grants = [g for g in grants if g.user_id == who.ctx.user_id]
+    pairs = directory.effective(grants) if effective else ((g, None) for g in grants)
+    if role_id:
+        pairs = ((g, prior) for g, prior in pairs if g.role_id == role_id)
+    names = _Names(who) if include_names else None
+    base = base_of(request)
+    rows = [_assignment(base, g, prior, names) for g, prior in pairs]
+    query = str(request.url.query)
+    self_url = f"{base}/role_assignments" + (f"?{query}" if query else "")
+    return JSONResponse(
+        {"role_assignments": rows, "links": {"self": self_url, "previous": None, "next": None}}
+    )
+
+
+class _Names:
+    """Names for include_names, looked up once per request."""
+
+    def __init__(self, who: Caller) -> None:
+        directory = who.directory
+        self.domains = {d.id: d for d in directory.domains()}
+        self.projects = {p.id: p for p in directory.projects()}
+        self.users = {u.id: u for u in directory.users()}
+        self.roles = {r.id: r for r in directory.roles()}
+
+    def domain(self, domain_id: str | None) -> dict[str, Any]:
+        doc = self.domains.get(domain_id or "")
+        return {"id": domain_id, "name": doc.name if doc is not None else ""}
+
+    def _owned(self, doc: Document | None, id: str) -> dict[str, Any]:
+        if doc is None:
+            return {"id": id, "name": "", "domain": self.domain(DEFAULT_DOMAIN)}
+        return {
+            "id": id,
+            "name": doc.name,
+            "domain": self.domain(str(doc.body.get("domain_id", DEFAULT_DOMAIN))),
+        }
+
+    def user(self, user_id: str) -> dict[str, Any]:
+        return self._owned(self.users.get(user_id), user_id)
+
+    def project(self, project_id: str) -> dict[str, Any]:
+        return self._owned(self.projects.get(project_id), project_id)
+
+    def role(self, role_id: str) -> dict[str, Any]:
+        doc = self.roles.get(role_id)
+        out: dict[str, Any] = {"id": role_id, "name": doc.name if doc is not None else ""}
+        if doc is not None and doc.body.get("domain_id"):
+            out["domain"] = self.domain(doc.body["domain_id"])
+        return out
+
+
+def _assignment(
+    base: str, grant: Grant, prior: Grant | None, names: _Names | None
+) -> dict[str, Any]:
+    origin = prior or grant
+    if grant.project_id is not None:
+        target = f"projects/{grant.project_id}"
+        scope = {"project": names.project(grant.project_id) if names else {"id": grant.project_id}}
+    else:
+        target = f"domains/{grant.domain_id}"
+        scope = {"domain": names.domain(grant.domain_id) if names else {"id": grant.domain_id}}
+    links = {"assignment": f"{base}/{target}/users/{origin.user_id}/roles/{origin.role_id}"}
+    if prior is not None:
+        links["prior_role"] = f"{base}/roles/{prior.role_id}"
+    return {
+        "role": names.role(grant.role_id) if names else {"id": grant.role_id},
+        "user": names.user(grant.user_id) if names else {"id": grant.user_id},
+        "scope": scope,
+        "links": links,
+    }
+
+
+@router.get("/v3/role_inferences")
+async def list_role_inferences(request: Request) -> JSONResponse:
+    who = caller(request)
+    base = base_of(request)
+    by_name = {r.name: r for r in who.directory.roles() if r.body.get("domain_id") is None}
+
+    def brief(doc: Document) -> dict[str, Any]:
+        return {"id": doc.id, "name": doc.name, "links": {"self": f"{base}/roles/{doc.id}"}}
+
+    rows = [
+        {
+            "prior_role": brief(by_name[prior]),
+            "implies": [brief(by_name[i]) for i in implied if i in by_name],
+        }
+        for prior, implied in IMPLIED_ROLES.items()
+        if prior in by_name
+    ]
+    return JSONResponse({"role_inferences": rows, "links": {"self": f"{base}/role_inferences"}})
+
+
+# -- a user's projects ----------------------------------------------------------------------
+
+
+def _projects_page(request: Request, path: str, docs: list[Document]) -> JSONResponse:
+    base = base_of(request)
+    kept = [
+        p
+        for p in docs
+        if matches_name(request, p.body.get("name", ""))
+        and keep(request, p, {"domain_id": "domain_id", "enabled": "enabled"})
+    ]
+    page = collection(request, "projects", kept, lambda p: project_view(base, p), path=path)
+    return JSONResponse(page)
+
+
+@router.get("/v3/users/{user_id}/projects")
+async def list_user_projects(request: Request, user_id: str) -> JSONResponse:
+    who = caller(request)
+    who.directory.user(user_id)
+    if not who.may_see_user(user_id):
+        raise forbid("identity:list_user_projects")
+    return _projects_page(request, f"users/{user_id}/projects", who.directory.projects_of(user_id))
+
+
+@router.get("/v3/auth/projects")
+async def list_auth_projects(request: Request) -> JSONResponse:
+    """The projects the token's user may scope a token to: enabled ones in enabled domains."""
+    who = caller(request)
+    docs = who.directory.projects_of(who.ctx.user_id, enabled_only=True)
+    return _projects_page(request, "auth/projects", docs)
+
+
+@router.get("/v3/auth/domains")
+async def list_auth_domains(request: Request) -> JSONResponse:
+    who = caller(request)
+    base = base_of(request)
+    docs = who.directory.domains_of(who.ctx.user_id)
+    page = collection(request, "domains", docs, lambda d: domain_view(base, d), path="auth/domains")
+    return JSONResponse(page)
+
+
+@router.get("/v3/auth/system")
+async def list_auth_system(request: Request) -> JSONResponse:
+    caller(request)
+    return JSONResponse({"system": [], "links": {"self": f"{base_of(request)}/auth/system"}})

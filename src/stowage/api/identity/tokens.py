@@ -1,0 +1,190 @@
+"""Password and token authentication: issue, validate, check and revoke tokens; the catalog."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from stowage.api.auth import cloud_of, context_from_token, require_context
+from stowage.api.common import ApiError, Context, json_body
+from stowage.api.identity.views import iso
+from stowage.domain.errors import NotFound
+from stowage.ledger.objects import Document
+from stowage.services.cloud import DEFAULT_DOMAIN, Cloud
+from stowage.services.identity import IdentityDirectory, Unauthorized
+
+__all__ = ["router", "token_body"]
+
+router = APIRouter()
+
+_UNAUTHORIZED = "The request you have made requires authentication."
+
+
+def _domain_id(cloud: Cloud, ref: dict[str, Any] | None) -> str:
+    ref = ref or {}
+    if ref.get("id"):
+        return str(ref["id"])
+    try:
+        return cloud.find_by_name("domain", str(ref.get("name", "Default"))).id
+    except NotFound:
+        raise ApiError(401, _UNAUTHORIZED) from None
+
+
+def _resolve_user(cloud: Cloud, ref: Any) -> Document:
+    if not isinstance(ref, dict) or not (ref.get("id") or ref.get("name")):
+        raise ApiError(400, "Invalid input for field 'identity/password/user': name or id required")
+    if ref.get("id"):
+        user = cloud.objects.find("user", str(ref["id"]))
+    else:
+        domain_id = _domain_id(cloud, ref.get("domain"))
+        try:
+            user = cloud.find_by_name("user", str(ref["name"]), domain_id=domain_id)
+        except NotFound:
+            user = None
+    if user is None:
+        raise ApiError(401, _UNAUTHORIZED)
+    return user
+
+
+def _resolve_project(cloud: Cloud, scope: Any, user: Document) -> Document:
+    """The project to scope to: the one asked for, or else the user's default project."""
+    if not scope:
+        default = user.body.get("default_project_id")
+        if not default:
+            raise ApiError(401, "An unscoped token needs a default project here.")
+        project = cloud.objects.find("project", str(default))
+        if project is None:
+            raise ApiError(401, f"Could not find the default project {default} of the user.")
+        return project
+    if not isinstance(scope, dict) or not isinstance(scope.get("project"), dict):
+        raise ApiError(400, "Only project scope is supported.")
+    ref = scope["project"]
+    if ref.get("id"):
+        project = cloud.objects.find("project", str(ref["id"]))
+        if project is None:
+            raise ApiError(401, f"Could not find project: {ref['id']}.")
+        return project
+    if not ref.get("name"):
+        raise ApiError(400, "Invalid input for field 'scope/project': name or id required")
+    domain_id = _domain_id(cloud, ref.get("domain"))
+    try:
+        return cloud.find_by_name("project", str(ref["name"]), domain_id=domain_id)
+    except NotFound:
+        raise ApiError(401, f"Could not find project: {ref['name']}.") from None
+
+
+def _domain_ref(cloud: Cloud, domain_id: str) -> dict[str, str]:
+    domain = cloud.objects.find("domain", domain_id)
+    return {"id": domain_id, "name": domain.name or "" if domain is not None else ""}
+
+
+def token_body(cloud: Cloud, ctx: Context, issued_at: float, methods: list[str]) -> dict[str, Any]:
+    user = cloud.objects.find("user", ctx.user_id)
+    project = cloud.objects.find("project", ctx.project_id)
+    user_domain = str(user.body.get("domain_id", DEFAULT_DOMAIN)) if user else DEFAULT_DOMAIN
+    project_domain = (
+        str(project.body.get("domain_id", DEFAULT_DOMAIN)) if project else DEFAULT_DOMAIN
+    )
+    role_ids = {d.name: d.id for d in cloud.objects.list("role")}
+    return {
+        "token": {
+            "methods": methods,
+            "expires_at": iso(ctx.expires_at),
+            "issued_at": iso(issued_at),
+            "audit_ids": [ctx.audit_id],
+            "user": {
+                "id": ctx.user_id,
+                "name": ctx.user_name,
+                "domain": _domain_ref(cloud, user_domain),
+                "password_expires_at": None,
+            },
+            "project": {
+                "id": ctx.project_id,
+                "name": project.name if project else "",
+                "domain": _domain_ref(cloud, project_domain),
+            },
+            "roles": [{"id": role_ids.get(r, r), "name": r} for r in sorted(ctx.roles)],
+            "catalog": cloud.catalog(),
+            "is_domain": False,
+        }
+    }
+
+
+@router.post("/v3/auth/tokens")
+async def issue_token(request: Request) -> JSONResponse:
+    cloud = cloud_of(request)
+    directory = IdentityDirectory(cloud)
+    body = await json_body(request)
+    try:
+        identity = body["auth"]["identity"]
+        methods = list(identity["methods"])
+    except (KeyError, TypeError):
+        raise ApiError(400, "Invalid input for field 'auth/identity': required") from None
+    scope = body["auth"].get("scope")
+    if "password" in methods:
+        password = identity.get("password")
+        ref = password.get("user") if isinstance(password, dict) else None
+        user = _resolve_user(cloud, ref)
+        assert isinstance(ref, dict)  # _resolve_user refuses anything else
+        if cloud.authenticate(user.id, str(ref.get("password", ""))) is None:
+            raise ApiError(401, _UNAUTHORIZED)
+    elif "token" in methods:
+        token_ref = identity.get("token")
+        token_id = token_ref.get("id", "") if isinstance(token_ref, dict) else ""
+        user = cloud.objects.get("user", context_from_token(cloud, str(token_id)).user_id)
+    else:
+        raise ApiError(401, f"Unsupported authentication methods: {methods}")
+    try:
+        directory.check_user_may_log_in(user)
+        project = _resolve_project(cloud, scope, user)
+        directory.check_project_usable(project)
+    except Unauthorized as exc:
+        raise ApiError(401, exc.message) from None
+    roles = cloud.roles_of(user.id, project.id)
+    if not roles:
+        raise ApiError(401, f"The user {user.id} has no role on project {project.id}.")
+    token, payload = cloud.tokens.issue(user.id, project.id, roles, methods=tuple(methods))
+    directory.record_token(payload.audit_id, user.id, project.id, payload.expires_at)
+    ctx = context_from_token(cloud, token)
+    return JSONResponse(
+        token_body(cloud, ctx, payload.issued_at, methods),
+        status_code=201,
+        headers={"X-Subject-Token": token},
+    )
+
+
+@router.get("/v3/auth/tokens")
+async def validate_token(request: Request) -> JSONResponse:
+    cloud = cloud_of(request)
+    require_context(request)
+    subject = context_from_token(cloud, request.headers.get("x-subject-token", ""))
+    payload = cloud.tokens.validate(subject.token)
+    return JSONResponse(
+        token_body(cloud, subject, payload.issued_at, list(payload.methods)),
+        headers={"X-Subject-Token": subject.token},
+    )
+
+
+@router.head("/v3/auth/tokens")
+async def check_token(request: Request) -> Response:
+    cloud = cloud_of(request)
+    require_context(request)
+    context_from_token(cloud, request.headers.get("x-subject-token", ""))
+    return Response(status_code=200)
+
+
+@router.delete("/v3/auth/tokens")
+async def revoke_token(request: Request) -> Response:
+    cloud = cloud_of(request)
+    require_context(request)
+    subject = context_from_token(cloud, request.headers.get("x-subject-token", ""))
+    cloud.objects.put("revoked_token", subject.audit_id, {"expires_at": subject.expires_at})
+    return Response(status_code=204)
+
+
+@router.get("/v3/auth/catalog")
+async def catalog(request: Request) -> JSONResponse:
+    require_context(request)
+    return JSONResponse({"catalog": cloud_of(request).catalog()})
