@@ -46,6 +46,10 @@ def _tune_sqlite(engine: Engine) -> None:
         # Let SQLAlchemy, not the driver, decide where transactions begin.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        # 16 KiB pages for a new ledger (no effect on an existing one): claims insert at
+        # random keys, and shallower trees touch fewer pages per commit (bench/placement.py
+        # measured about 5% more placements/s than with 4 KiB pages at 10,000 hosts).
+        cursor.execute("PRAGMA page_size=16384")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
