@@ -62,6 +62,31 @@ class RunningCloud:
     def osc_json(self, *args: str, cloud: str = "stowage-admin") -> Any:
         return json.loads(self.osc(*args, "-f", "json", cloud=cloud).stdout)
 
+    def boot(
+        self, name: str, *args: str, flavor: str = "m1.tiny", cloud: str = "stowage-admin"
+    ) -> dict[str, Any]:
+        """`openstack server create --wait` of the bootstrap image with no NIC, as JSON."""
+        server: dict[str, Any] = self.osc_json(*boot_args(name, *args, flavor=flavor), cloud=cloud)
+        return server
+
+    def compute(
+        self,
+        method: str,
+        path: str,
+        *,
+        version: str = "2.96",
+        token: str | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """A raw compute API call (admin's token unless one is given) at a microversion."""
+        headers = {
+            "X-Auth-Token": token or self.token(),
+            "OpenStack-API-Version": f"compute {version}",
+        }
+        return httpx.request(
+            method, f"{self.base_url}/compute/v2.1{path}", headers=headers, timeout=30, **kwargs
+        )
+
     def token(
         self, user: str = "admin", password: str = "stowage-admin", project: str = "admin"
     ) -> str:
@@ -79,6 +104,26 @@ class RunningCloud:
         response = httpx.post(f"{self.base_url}/identity/v3/auth/tokens", json=body)
         response.raise_for_status()
         return response.headers["x-subject-token"]
+
+
+IMAGE = "cirros-0.6.2-x86_64-disk"
+
+
+def boot_args(name: str, *args: str, flavor: str = "m1.tiny") -> list[str]:
+    """The CLI words that boot `name` from the bootstrap image, with no NIC, and wait."""
+    return [
+        "server",
+        "create",
+        "--flavor",
+        flavor,
+        "--image",
+        IMAGE,
+        "--nic",
+        "none",
+        *args,
+        "--wait",
+        name,
+    ]
 
 
 def start_cloud(state_dir: Path, *extra: str) -> RunningCloud:

@@ -6,9 +6,7 @@ import uuid
 from typing import Any
 
 import httpx
-from tests.api.cloudproc import RunningCloud
-
-IMAGE = "cirros-0.6.2-x86_64-disk"
+from tests.api.cloudproc import IMAGE, RunningCloud, boot_args
 
 
 def unique(prefix: str) -> str:
@@ -18,30 +16,13 @@ def unique(prefix: str) -> str:
 def compute(
     cloud: RunningCloud, token: str, method: str, path: str, version: str = "2.96", **kwargs: Any
 ) -> httpx.Response:
-    headers = {"X-Auth-Token": token, "OpenStack-API-Version": f"compute {version}"}
-    return httpx.request(
-        method, f"{cloud.base_url}/compute/v2.1{path}", headers=headers, timeout=30, **kwargs
-    )
+    return cloud.compute(method, path, version=version, token=token, **kwargs)
 
 
 def create(
     cloud: RunningCloud, name: str, *args: str, flavor: str = "m1.tiny", user: str = "stowage-admin"
 ) -> dict[str, Any]:
-    server: dict[str, Any] = cloud.osc_json(
-        "server",
-        "create",
-        "--flavor",
-        flavor,
-        "--image",
-        IMAGE,
-        "--nic",
-        "none",
-        *args,
-        "--wait",
-        name,
-        cloud=user,
-    )
-    return server
+    return cloud.boot(name, *args, flavor=flavor, cloud=user)
 
 
 def test_a_server_is_built_shown_listed_and_deleted(cloud: RunningCloud) -> None:
@@ -106,18 +87,7 @@ def test_anti_affinity_puts_members_on_distinct_hosts_and_refuses_one_too_many(
     assert len(hosts) == 3
     extra = unique("member")
     result = cloud.osc(
-        "server",
-        "create",
-        "--flavor",
-        "m1.tiny",
-        "--image",
-        IMAGE,
-        "--nic",
-        "none",
-        "--hint",
-        f"group={group['id']}",
-        "--wait",
-        extra,
+        *boot_args(extra, "--hint", f"group={group['id']}"),
         check=False,
     )
     assert result.returncode != 0

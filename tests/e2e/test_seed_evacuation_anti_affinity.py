@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 from tests.api.cloudproc import BIN, RunningCloud, start_cloud, stop_cloud
 
-IMAGE = "cirros-0.6.2-x86_64-disk"
-
 
 @pytest.fixture
 def make_cloud(tmp_path: Path) -> Iterator[object]:
@@ -38,21 +36,12 @@ def place_group(cloud: RunningCloud, hosts: list[str]) -> tuple[str, list[str]]:
     )
     ids = []
     for host in hosts:
-        server = cloud.osc_json(
-            "server",
-            "create",
-            "--flavor",
-            "m1.tiny",
-            "--image",
-            IMAGE,
-            "--nic",
-            "none",
+        server = cloud.boot(
+            f"member-{host}",
             "--hint",
             f"group={group['id']}",
             "--availability-zone",
             f"nova:{host}",
-            "--wait",
-            f"member-{host}",
         )
         ids.append(server["id"])
     return group["id"], ids
@@ -158,21 +147,7 @@ def test_a_whole_host_is_evacuated_as_one_plan(make_cloud) -> None:  # type: ign
     ids = []
     for i in range(3):
         hint = ("--hint", f"group={group}") if i == 0 else ()
-        server = cloud.osc_json(
-            "server",
-            "create",
-            "--flavor",
-            "m1.tiny",
-            "--image",
-            IMAGE,
-            "--nic",
-            "none",
-            *hint,
-            "--availability-zone",
-            "nova:host1",
-            "--wait",
-            f"on-host1-{i}",
-        )
+        server = cloud.boot(f"on-host1-{i}", *hint, "--availability-zone", "nova:host1")
         ids.append(server["id"])
     cloud.osc("compute", "service", "set", "--down", "host1", "nova-compute")
     result = subprocess.run(

@@ -8,10 +8,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from tests.api.cloudproc import BIN, RunningCloud, start_cloud, stop_cloud
-from tests.e2e.test_seed_evacuation_anti_affinity import IMAGE, audit_is_clean
+from tests.e2e.test_seed_evacuation_anti_affinity import audit_is_clean
 
 
 @pytest.fixture
@@ -22,30 +21,16 @@ def cloud(tmp_path: Path) -> Iterator[RunningCloud]:
 
 
 def boot_pinned(cloud: RunningCloud, flavor: str, host: str) -> str:
-    server = cloud.osc_json(
-        "server",
-        "create",
-        "--flavor",
-        flavor,
-        "--image",
-        IMAGE,
-        "--nic",
-        "none",
-        "--availability-zone",
-        f"nova:{host}",
-        "--wait",
-        f"pinned-{uuid.uuid4().hex[:6]}",
-    )
-    return str(server["id"])
+    name = f"pinned-{uuid.uuid4().hex[:6]}"
+    return str(cloud.boot(name, "--availability-zone", f"nova:{host}", flavor=flavor)["id"])
 
 
 def pcpus(cloud: RunningCloud, server_id: str) -> tuple[str, set[int]]:
     token = cloud.token()
-    headers = {"X-Auth-Token": token, "OpenStack-API-Version": "compute 2.96"}
-    base = f"{cloud.base_url}/compute/v2.1/servers/{server_id}"
-    host = httpx.get(base, headers=headers).json()["server"]["OS-EXT-SRV-ATTR:host"]
-    nodes = httpx.get(f"{base}/topology", headers=headers).json()["nodes"]
-    return host, {cpu for node in nodes for cpu in node["cpu_pinning"].values()}
+    server = cloud.compute("GET", f"/servers/{server_id}", token=token).json()["server"]
+    topology = cloud.compute("GET", f"/servers/{server_id}/topology", token=token).json()
+    cpus = {cpu for node in topology["nodes"] for cpu in node["cpu_pinning"].values()}
+    return server["OS-EXT-SRV-ATTR:host"], cpus
 
 
 def test_two_pinned_live_migrations_to_room_for_one(cloud: RunningCloud) -> None:

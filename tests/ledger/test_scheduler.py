@@ -501,3 +501,28 @@ def test_a_group_created_after_a_view_loaded_is_still_honoured(
     assert hosts_of(second[:1]) == [h for h in ids.values() if h != first]
     assert early.conflicts == 0
     assert_clean(ledger)
+
+
+def test_heartbeats_reach_a_long_lived_view_without_change_rows(
+    ledger: Ledger, clock: Clock
+) -> None:
+    """Heartbeats write no change rows; the worker still sees hosts alive an hour later."""
+    register(ledger, "h1", "h2")
+    scheduler = Scheduler(ledger, clock=clock)
+    first = scheduler.schedule([req(SMALL)])
+    assert first[0].ok
+    for _ in range(60):  # an hour of beats, one a minute, while the view lives on
+        clock.now += 60
+        ledger.heartbeat()
+    later = scheduler.schedule([req(SMALL)])
+    assert later[0].ok, later[0].reason
+
+
+def test_a_host_whose_heartbeats_stop_is_left_out(ledger: Ledger, clock: Clock) -> None:
+    ids = register(ledger, "h1", "h2")
+    scheduler = Scheduler(ledger, clock=clock)
+    assert scheduler.schedule([req(SMALL)])[0].ok
+    clock.now += 300
+    ledger.heartbeat(["h2"])  # h1 has been silent for five minutes
+    placements = scheduler.schedule([req(SMALL) for _ in range(3)])
+    assert hosts_of(placements) == [ids["h2"]] * 3

@@ -664,6 +664,23 @@ class Ledger:
                 view.replace_host(state, contribution)
         return len(wanted)
 
+    def refresh_liveness(self, view: View) -> None:
+        """Heartbeat times and service flags of every host, in one narrow query.
+
+        Heartbeats write no change rows (that would make every scheduler re-read every host
+        at each beat); schedulers read liveness alone, often, instead.
+        """
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            rows = conn.execute(
+                select(hosts.c.id, hosts.c.last_seen, hosts.c.forced_down, hosts.c.disabled)
+            ).all()
+        for host_id, last_seen, forced_down, disabled in rows:
+            state = view.hosts.get(host_id)
+            if state is not None:
+                state.last_seen = last_seen
+                state.forced_down = bool(forced_down)
+                state.disabled = bool(disabled)
+
     def ensure_group(self, view: View, group_id: str) -> None:
         if group_id in view.groups:
             return

@@ -45,6 +45,7 @@ class Scheduler:
         retries_max: int = 4,
         batch_max: int = 256,
         shard: tuple[int, int] | None = None,
+        liveness_interval_s: float = 5.0,
     ) -> None:
         self.ledger = ledger
         self.pipeline = pipeline or Pipeline(rng=random.Random(seed), shard=shard)
@@ -54,14 +55,20 @@ class Scheduler:
         self.batch_max = batch_max
         self.view: View | None = None
         self.conflicts = 0
+        self.liveness_interval_s = liveness_interval_s
+        self._liveness_at = float("-inf")
         # An identity, not a decision: unique per worker even when seeds repeat.
         self.writer = str(uuid.uuid4())
 
     def current_view(self) -> View:
         if self.view is None:
             self.view = self.ledger.load_view(self.writer)
+            self._liveness_at = self.clock()
         else:
             self.ledger.refresh(self.view, defer=self._elsewhere)
+            if self.clock() - self._liveness_at >= self.liveness_interval_s:
+                self.ledger.refresh_liveness(self.view)
+                self._liveness_at = self.clock()
         return self.view
 
     def _elsewhere(self, host_id: int) -> bool:
