@@ -173,6 +173,13 @@ class IdentityDirectory:
         self.cloud = cloud
         self.objects = cloud.objects
 
+    def _found(self, kind: str, key: str) -> Document:
+        """The document, or Keystone's 404 naming what is missing."""
+        doc = self.objects.find(kind, key)
+        if doc is None:
+            raise _not_found(kind, key)
+        return doc
+
     # -- names --------------------------------------------------------------------------
 
     def _scope_of(self, kind: str, body: Mapping[str, Any]) -> str | None:
@@ -254,10 +261,7 @@ class IdentityDirectory:
     # -- domains ------------------------------------------------------------------------
 
     def domain(self, domain_id: str) -> Document:
-        doc = self.objects.find("domain", domain_id)
-        if doc is None:
-            raise _not_found("domain", domain_id)
-        return doc
+        return self._found("domain", domain_id)
 
     def domains(self) -> list[Document]:
         return self.objects.list("domain")
@@ -341,10 +345,7 @@ class IdentityDirectory:
     # -- projects -----------------------------------------------------------------------
 
     def project(self, project_id: str) -> Document:
-        doc = self.objects.find("project", project_id)
-        if doc is None:
-            raise _not_found("project", project_id)
-        return doc
+        return self._found("project", project_id)
 
     def projects(self) -> list[Document]:
         return self.objects.list("project")
@@ -490,10 +491,7 @@ class IdentityDirectory:
     # -- users --------------------------------------------------------------------------
 
     def user(self, user_id: str) -> Document:
-        doc = self.objects.find("user", user_id)
-        if doc is None:
-            raise _not_found("user", user_id)
-        return doc
+        return self._found("user", user_id)
 
     def users(self) -> list[Document]:
         return self.objects.list("user")
@@ -583,10 +581,7 @@ class IdentityDirectory:
     # -- roles --------------------------------------------------------------------------
 
     def role(self, role_id: str) -> Document:
-        doc = self.objects.find("role", role_id)
-        if doc is None:
-            raise _not_found("role", role_id)
-        return doc
+        return self._found("role", role_id)
 
     def roles(self) -> list[Document]:
         return self.objects.list("role")

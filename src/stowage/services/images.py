@@ -277,6 +277,14 @@ def _may_change(body: Mapping[str, Any], caller: Caller) -> bool:
     return caller.is_admin or body.get("owner") == caller.project_id
 
 
+def _load_to_change(cloud: Cloud, caller: Caller, image_id: str, what: str) -> dict[str, Any]:
+    """The image, if the caller may change it; otherwise a 403 saying what it may not do."""
+    body = _load(cloud, caller, image_id)
+    if not _may_change(body, caller):
+        raise ImageForbidden(f"You are not permitted to {what}.")
+    return body
+
+
 def find_image(cloud: Cloud, image_id: str) -> dict[str, Any] | None:
     """The stored body of an image, whoever may see it (for other services' checks)."""
     doc = cloud.objects.find("image", image_id)
@@ -438,9 +446,7 @@ def update_image(
     cloud: Cloud, caller: Caller, image_id: str, changes: Sequence[Change]
 ) -> dict[str, Any]:
     """Apply JSON-patch changes all together, or none of them."""
-    body = _load(cloud, caller, image_id)
-    if not _may_change(body, caller):
-        raise ImageForbidden("You are not permitted to modify this image.")
+    body = _load_to_change(cloud, caller, image_id, "modify this image")
     new = dict(body)
     new["tags"] = list(body.get("tags") or [])
     for change in changes:
@@ -472,9 +478,7 @@ def _apply(body: dict[str, Any], change: Change, caller: Caller) -> None:
 
 def delete_image(cloud: Cloud, caller: Caller, image_id: str) -> None:
     """Remove the record and its data; protected images and others' images are refused."""
-    body = _load(cloud, caller, image_id)
-    if not _may_change(body, caller):
-        raise ImageForbidden("You are not permitted to delete this image.")
+    body = _load_to_change(cloud, caller, image_id, "delete this image")
     if body.get("protected"):
         raise ImageForbidden(f"Image {image_id} is protected and cannot be deleted.")
     cloud.objects.delete("image", image_id)
@@ -482,9 +486,7 @@ def delete_image(cloud: Cloud, caller: Caller, image_id: str) -> None:
 
 
 def add_tag(cloud: Cloud, caller: Caller, image_id: str, tag: str) -> None:
-    body = _load(cloud, caller, image_id)
-    if not _may_change(body, caller):
-        raise ImageForbidden("You are not permitted to modify tags on this image.")
+    body = _load_to_change(cloud, caller, image_id, "modify tags on this image")
     tags = list(body.get("tags") or [])
     if tag in tags:
         return
@@ -493,9 +495,7 @@ def add_tag(cloud: Cloud, caller: Caller, image_id: str, tag: str) -> None:
 
 
 def remove_tag(cloud: Cloud, caller: Caller, image_id: str, tag: str) -> None:
-    body = _load(cloud, caller, image_id)
-    if not _may_change(body, caller):
-        raise ImageForbidden("You are not permitted to modify tags on this image.")
+    body = _load_to_change(cloud, caller, image_id, "modify tags on this image")
     tags = list(body.get("tags") or [])
     if tag not in tags:
         raise ImageNotFound(f"Tag {tag} not found.")
@@ -506,9 +506,7 @@ def remove_tag(cloud: Cloud, caller: Caller, image_id: str, tag: str) -> None:
 
 def set_active(cloud: Cloud, caller: Caller, image_id: str, *, active: bool) -> None:
     """Deactivate (active -> deactivated) or reactivate (deactivated -> active)."""
-    body = _load(cloud, caller, image_id)
-    if not _may_change(body, caller):
-        raise ImageForbidden("You are not permitted to change the status of this image.")
+    body = _load_to_change(cloud, caller, image_id, "change the status of this image")
     target, source, verb = (
         ("active", "deactivated", "reactivate")
         if active
@@ -720,9 +718,7 @@ class Upload:
 
 def begin_upload(cloud: Cloud, caller: Caller, image_id: str) -> Upload:
     """Start taking data for a queued image: it is `saving` until commit or abort."""
-    body = _load(cloud, caller, image_id)
-    if not _may_change(body, caller):
-        raise ImageForbidden("You are not permitted to upload data for this image.")
+    body = _load_to_change(cloud, caller, image_id, "upload data for this image")
     with _uploads_lock:
         if image_id in _uploads or body["status"] != "queued":
             raise ImageConflict(

@@ -396,13 +396,25 @@ def _owned(body: Mapping[str, Any], caller: Caller, action: str) -> None:
         raise _denied(action)
 
 
+def _editable(
+    body: Mapping[str, Any],
+    caller: Caller,
+    action: str,
+    attrs: Mapping[str, Any],
+    allowed: Iterable[str],
+    known: Iterable[str],
+) -> dict[str, Any]:
+    """A copy of `body` to change: refused unless the caller owns it and may write `attrs`."""
+    _owned(body, caller, action)
+    _check_keys(attrs, allowed, known)
+    return dict(body)
+
+
 def update_network(
     cloud: Cloud, caller: Caller, network_id: str, attrs: Mapping[str, Any]
 ) -> dict[str, Any]:
     net = _network(cloud, caller, network_id)
-    _owned(net, caller, "update_network")
-    _check_keys(attrs, _NETWORK_UPDATE, _NETWORK_CREATE)
-    new = dict(net)
+    new = _editable(net, caller, "update_network", attrs, _NETWORK_UPDATE, _NETWORK_CREATE)
     _network_attrs(attrs, caller, new, "update")
     return _render_network(_save(cloud, "network", new), caller, _subnets_by_network(cloud))
 
@@ -696,9 +708,7 @@ def update_subnet(
     cloud: Cloud, caller: Caller, subnet_id: str, attrs: Mapping[str, Any]
 ) -> dict[str, Any]:
     subnet = _subnet(cloud, caller, subnet_id)
-    _owned(subnet, caller, "update_subnet")
-    _check_keys(attrs, _SUBNET_UPDATE, _SUBNET_CREATE)
-    new = dict(subnet)
+    new = _editable(subnet, caller, "update_subnet", attrs, _SUBNET_UPDATE, _SUBNET_CREATE)
     _subnet_attrs(attrs, new, ipaddress.ip_network(subnet["cidr"]))
     return dict(_save(cloud, "subnet", new))
 
@@ -1143,9 +1153,9 @@ def update_port(
     cloud: Cloud, caller: Caller, port_id: str, attrs: Mapping[str, Any]
 ) -> dict[str, Any]:
     port = _port(cloud, caller, port_id)
-    _owned(port, caller, "update_port")
-    _check_keys(attrs, _PORT_UPDATE, (*_PORT_CREATE, "mac_address"))
-    new = dict(port)
+    new = _editable(
+        port, caller, "update_port", attrs, _PORT_UPDATE, (*_PORT_CREATE, "mac_address")
+    )
     _port_attrs(cloud, attrs, caller, new)
     if "fixed_ips" in attrs:
         subnets = _network_subnets(cloud, port["network_id"])
@@ -1460,9 +1470,7 @@ def update_security_group(
     cloud: Cloud, caller: Caller, group_id: str, attrs: Mapping[str, Any]
 ) -> dict[str, Any]:
     group = _group(cloud, caller, group_id)
-    _owned(group, caller, "update_security_group")
-    _check_keys(attrs, _GROUP_UPDATE, _GROUP_CREATE)
-    new = dict(group)
+    new = _editable(group, caller, "update_security_group", attrs, _GROUP_UPDATE, _GROUP_CREATE)
     _common(attrs, new)
     if group["name"] == "default" and new["name"] != "default":
         raise NeutronConflict(

@@ -21,7 +21,7 @@ from stowage.api.identity.views import (
 )
 from stowage.ledger.objects import Document
 from stowage.services.cloud import DEFAULT_DOMAIN
-from stowage.services.identity import IMPLIED_ROLES, Grant
+from stowage.services.identity import IMPLIED_ROLES, Grant, IdentityDirectory
 
 __all__ = ["router"]
 
@@ -37,6 +37,23 @@ def _scope(kind: str, target: str) -> dict[str, str | None]:
         "project_id": target if kind == "projects" else None,
         "domain_id": target if kind == "domains" else None,
     }
+
+
+def _must_exist(
+    directory: IdentityDirectory,
+    user_id: str,
+    role_id: str | None,
+    scope: dict[str, str | None],
+    target: str,
+) -> None:
+    """A 404 for a missing user, role (when one is named), then project or domain."""
+    directory.user(user_id)
+    if role_id is not None:
+        directory.role(role_id)
+    if scope["project_id"] is not None:
+        directory.project(target)
+    else:
+        directory.domain(target)
 
 
 @router.put("/v3/{kind}/{target}/users/{user_id}/roles/{role_id}")
@@ -58,12 +75,7 @@ async def check_role(
     if not who.may_see_user(user_id):
         raise forbid("identity:check_grant")
     directory = who.directory
-    directory.user(user_id)
-    directory.role(role_id)
-    if scope["project_id"] is not None:
-        directory.project(target)
-    else:
-        directory.domain(target)
+    _must_exist(directory, user_id, role_id, scope, target)
     if directory.find_grant(user_id, role_id, **scope) is None:
         raise ApiError(
             404,
@@ -80,12 +92,7 @@ async def revoke_role(
     scope = _scope(kind, target)
     who = admin(request, "revoke_grant")
     directory = who.directory
-    directory.user(user_id)
-    directory.role(role_id)
-    if scope["project_id"] is not None:
-        directory.project(target)
-    else:
-        directory.domain(target)
+    _must_exist(directory, user_id, role_id, scope, target)
     directory.revoke(user_id, role_id, **scope)
     return Response(status_code=204)
 
@@ -97,11 +104,7 @@ async def list_grants(request: Request, kind: str, target: str, user_id: str) ->
     if not who.may_see_user(user_id):
         raise forbid("identity:list_grants")
     directory = who.directory
-    directory.user(user_id)
-    if scope["project_id"] is not None:
-        directory.project(target)
-    else:
-        directory.domain(target)
+    _must_exist(directory, user_id, None, scope, target)
     role_ids = {
         g.role_id
         for g in directory.grants(user_id=user_id, **scope)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,7 +22,7 @@ from stowage.api.identity.views import (
     user_view,
 )
 from stowage.ledger.objects import Document
-from stowage.services.identity import check_tags
+from stowage.services.identity import IdentityDirectory, check_tags
 
 __all__ = ["router"]
 
@@ -30,8 +31,41 @@ router = APIRouter()
 _GET_HEAD = ["GET", "HEAD"]
 
 
+_View = Callable[[str, Document], dict[str, Any]]
+_Create = Callable[[IdentityDirectory, Mapping[str, Any]], Document]
+_Update = Callable[[IdentityDirectory, str, Mapping[str, Any]], Document]
+
+
 def _one(key: str, view: dict[str, Any], status: int = 200) -> JSONResponse:
     return JSONResponse({key: view}, status_code=status)
+
+
+def _listing(request: Request, key: str, docs: list[Document], view: _View) -> JSONResponse:
+    base = base_of(request)
+    return JSONResponse(collection(request, key, docs, lambda d: view(base, d)))
+
+
+def _seen(doc: Document, may_see: Callable[[str], bool], action: str) -> Document:
+    """The document, if the caller may see it; otherwise a 403 naming the policy rule."""
+    if not may_see(doc.id):
+        raise forbid(f"identity:{action}")
+    return doc
+
+
+async def _create(request: Request, kind: str, view: _View, create: _Create) -> JSONResponse:
+    """POST /v3/{kind}s: an admin's, answered 201 with the new resource."""
+    who = admin(request, f"create_{kind}")
+    doc = create(who.directory, await envelope(request, kind))
+    return _one(kind, view(base_of(request), doc), 201)
+
+
+async def _update(
+    request: Request, kind: str, ref: str, view: _View, update: _Update
+) -> JSONResponse:
+    """PATCH /v3/{kind}s/{ref}: an admin's, answered with the changed resource."""
+    who = admin(request, f"update_{kind}")
+    doc = update(who.directory, ref, await envelope(request, kind))
+    return _one(kind, view(base_of(request), doc))
 
 
 # -- domains --------------------------------------------------------------------------------
@@ -40,7 +74,6 @@ def _one(key: str, view: dict[str, Any], status: int = 200) -> JSONResponse:
 @router.get("/v3/domains")
 async def list_domains(request: Request) -> JSONResponse:
     who = caller(request)
-    base = base_of(request)
     docs = [
         d
         for d in who.directory.domains()
@@ -48,30 +81,24 @@ async def list_domains(request: Request) -> JSONResponse:
         and matches_name(request, d.body.get("name", ""))
         and keep(request, d, {"enabled": "enabled"})
     ]
-    return JSONResponse(collection(request, "domains", docs, lambda d: domain_view(base, d)))
+    return _listing(request, "domains", docs, domain_view)
 
 
 @router.post("/v3/domains")
 async def create_domain(request: Request) -> JSONResponse:
-    who = admin(request, "create_domain")
-    doc = who.directory.create_domain(await envelope(request, "domain"))
-    return _one("domain", domain_view(base_of(request), doc), 201)
+    return await _create(request, "domain", domain_view, IdentityDirectory.create_domain)
 
 
 @router.api_route("/v3/domains/{domain_id}", methods=_GET_HEAD)
 async def show_domain(request: Request, domain_id: str) -> JSONResponse:
     who = caller(request)
-    doc = who.directory.domain(domain_id)
-    if not who.may_see_domain(doc.id):
-        raise forbid("identity:get_domain")
+    doc = _seen(who.directory.domain(domain_id), who.may_see_domain, "get_domain")
     return _one("domain", domain_view(base_of(request), doc))
 
 
 @router.patch("/v3/domains/{domain_id}")
 async def update_domain(request: Request, domain_id: str) -> JSONResponse:
-    who = admin(request, "update_domain")
-    doc = who.directory.update_domain(domain_id, await envelope(request, "domain"))
-    return _one("domain", domain_view(base_of(request), doc))
+    return await _update(request, "domain", domain_id, domain_view, IdentityDirectory.update_domain)
 
 
 @router.delete("/v3/domains/{domain_id}")
@@ -116,8 +143,7 @@ async def list_projects(request: Request) -> JSONResponse:
             and _parent_matches(request, p)
             and _tags_match(request, p)
         ]
-    base = base_of(request)
-    return JSONResponse(collection(request, "projects", docs, lambda p: project_view(base, p)))
+    return _listing(request, "projects", docs, project_view)
 
 
 def _wants_domains(request: Request) -> bool:
@@ -134,17 +160,13 @@ def _parent_matches(request: Request, project: Document) -> bool:
 
 @router.post("/v3/projects")
 async def create_project(request: Request) -> JSONResponse:
-    who = admin(request, "create_project")
-    doc = who.directory.create_project(await envelope(request, "project"))
-    return _one("project", project_view(base_of(request), doc), 201)
+    return await _create(request, "project", project_view, IdentityDirectory.create_project)
 
 
 @router.api_route("/v3/projects/{project_id}", methods=_GET_HEAD)
 async def show_project(request: Request, project_id: str) -> JSONResponse:
     who = caller(request)
-    doc = who.directory.project(project_id)
-    if not who.may_see_project(doc.id):
-        raise forbid("identity:get_project")
+    doc = _seen(who.directory.project(project_id), who.may_see_project, "get_project")
     view = project_view(base_of(request), doc)
     params = request.query_params
     if "parents_as_ids" in params and "parents_as_list" in params:
@@ -188,9 +210,9 @@ def _subtree_as_ids(who: Caller, doc: Document) -> dict[str, Any] | None:
 
 @router.patch("/v3/projects/{project_id}")
 async def update_project(request: Request, project_id: str) -> JSONResponse:
-    who = admin(request, "update_project")
-    doc = who.directory.update_project(project_id, await envelope(request, "project"))
-    return _one("project", project_view(base_of(request), doc))
+    return await _update(
+        request, "project", project_id, project_view, IdentityDirectory.update_project
+    )
 
 
 @router.delete("/v3/projects/{project_id}")
@@ -202,9 +224,7 @@ async def delete_project(request: Request, project_id: str) -> Response:
 @router.get("/v3/projects/{project_id}/tags")
 async def list_project_tags(request: Request, project_id: str) -> JSONResponse:
     who = caller(request)
-    doc = who.directory.project(project_id)
-    if not who.may_see_project(doc.id):
-        raise forbid("identity:list_project_tags")
+    doc = _seen(who.directory.project(project_id), who.may_see_project, "list_project_tags")
     return JSONResponse({"tags": list(doc.body.get("tags", []))})
 
 
@@ -227,9 +247,7 @@ async def clear_project_tags(request: Request, project_id: str) -> Response:
 @router.api_route("/v3/projects/{project_id}/tags/{tag}", methods=_GET_HEAD)
 async def check_project_tag(request: Request, project_id: str, tag: str) -> Response:
     who = caller(request)
-    doc = who.directory.project(project_id)
-    if not who.may_see_project(doc.id):
-        raise forbid("identity:get_project_tag")
+    doc = _seen(who.directory.project(project_id), who.may_see_project, "get_project_tag")
     if tag not in doc.body.get("tags", []):
         raise ApiError(404, f"Could not find project tag: {tag}.")
     return Response(status_code=204)
@@ -273,31 +291,24 @@ async def list_users(request: Request) -> JSONResponse:
             and matches_name(request, u.body.get("name", ""))
             and keep(request, u, {"domain_id": "domain_id", "enabled": "enabled"})
         ]
-    base = base_of(request)
-    return JSONResponse(collection(request, "users", docs, lambda u: user_view(base, u)))
+    return _listing(request, "users", docs, user_view)
 
 
 @router.post("/v3/users")
 async def create_user(request: Request) -> JSONResponse:
-    who = admin(request, "create_user")
-    doc = who.directory.create_user(await envelope(request, "user"))
-    return _one("user", user_view(base_of(request), doc), 201)
+    return await _create(request, "user", user_view, IdentityDirectory.create_user)
 
 
 @router.api_route("/v3/users/{user_id}", methods=_GET_HEAD)
 async def show_user(request: Request, user_id: str) -> JSONResponse:
     who = caller(request)
-    doc = who.directory.user(user_id)
-    if not who.may_see_user(doc.id):
-        raise forbid("identity:get_user")
+    doc = _seen(who.directory.user(user_id), who.may_see_user, "get_user")
     return _one("user", user_view(base_of(request), doc))
 
 
 @router.patch("/v3/users/{user_id}")
 async def update_user(request: Request, user_id: str) -> JSONResponse:
-    who = admin(request, "update_user")
-    doc = who.directory.update_user(user_id, await envelope(request, "user"))
-    return _one("user", user_view(base_of(request), doc))
+    return await _update(request, "user", user_id, user_view, IdentityDirectory.update_user)
 
 
 @router.delete("/v3/users/{user_id}")
@@ -331,15 +342,12 @@ async def list_roles(request: Request) -> JSONResponse:
         for r in who.directory.roles()
         if r.body.get("domain_id") == domain_id and matches_name(request, r.body.get("name", ""))
     ]
-    base = base_of(request)
-    return JSONResponse(collection(request, "roles", docs, lambda r: role_view(base, r)))
+    return _listing(request, "roles", docs, role_view)
 
 
 @router.post("/v3/roles")
 async def create_role(request: Request) -> JSONResponse:
-    who = admin(request, "create_role")
-    doc = who.directory.create_role(await envelope(request, "role"))
-    return _one("role", role_view(base_of(request), doc), 201)
+    return await _create(request, "role", role_view, IdentityDirectory.create_role)
 
 
 @router.api_route("/v3/roles/{role_id}", methods=_GET_HEAD)
@@ -350,9 +358,7 @@ async def show_role(request: Request, role_id: str) -> JSONResponse:
 
 @router.patch("/v3/roles/{role_id}")
 async def update_role(request: Request, role_id: str) -> JSONResponse:
-    who = admin(request, "update_role")
-    doc = who.directory.update_role(role_id, await envelope(request, "role"))
-    return _one("role", role_view(base_of(request), doc))
+    return await _update(request, "role", role_id, role_view, IdentityDirectory.update_role)
 
 
 @router.delete("/v3/roles/{role_id}")

@@ -460,43 +460,53 @@ def _kind(request: Request) -> str:
     return _TAGGED[request.url.path.split("/v2.0/")[1].split("/")[0]]
 
 
+def _tagged(request: Request) -> tuple[Cloud, str, str]:
+    """The cloud, and the kind and id of the resource whose tags the request is about."""
+    return cloud_of(request), _kind(request), request.path_params["id"]
+
+
+def _no_tag(tag: str) -> ApiError:
+    return ApiError(404, f"Tag {tag} could not be found.", code="TagNotFound")
+
+
 def _tag_routes(collection: str) -> None:
     base = f"/{collection}/{{id}}/tags"
 
     async def get_tags(request: Request, ctx: Reader) -> JSONResponse:
-        cloud, kind, rid = cloud_of(request), _kind(request), request.path_params["id"]
+        cloud, kind, rid = _tagged(request)
         return JSONResponse({"tags": svc.tags_of(cloud, ctx, kind, rid)})
 
     async def put_tags(request: Request, ctx: Writer) -> JSONResponse:
         body = await json_body(request)
         if not isinstance(body, dict) or "tags" not in body:
             raise _bad("Invalid input for tags. Reason: the body needs a 'tags' list.")
-        cloud, kind, rid = cloud_of(request), _kind(request), request.path_params["id"]
+        cloud, kind, rid = _tagged(request)
         return JSONResponse({"tags": svc.set_tags(cloud, ctx, kind, rid, body["tags"])})
 
     async def clear_tags(request: Request, ctx: Writer) -> Response:
-        svc.set_tags(cloud_of(request), ctx, _kind(request), request.path_params["id"], [])
+        cloud, kind, rid = _tagged(request)
+        svc.set_tags(cloud, ctx, kind, rid, [])
         return Response(status_code=204)
 
     async def check_tag(request: Request, ctx: Reader) -> Response:
-        cloud, kind, rid = cloud_of(request), _kind(request), request.path_params["id"]
+        cloud, kind, rid = _tagged(request)
         tag = request.path_params["tag"]
         if tag not in svc.tags_of(cloud, ctx, kind, rid):
-            raise ApiError(404, f"Tag {tag} could not be found.", code="TagNotFound")
+            raise _no_tag(tag)
         return Response(status_code=204)
 
     async def add_tag(request: Request, ctx: Writer) -> Response:
-        cloud, kind, rid = cloud_of(request), _kind(request), request.path_params["id"]
+        cloud, kind, rid = _tagged(request)
         tags = svc.tags_of(cloud, ctx, kind, rid)
         svc.set_tags(cloud, ctx, kind, rid, [*tags, request.path_params["tag"]])
         return Response(status_code=201)
 
     async def remove_tag(request: Request, ctx: Writer) -> Response:
-        cloud, kind, rid = cloud_of(request), _kind(request), request.path_params["id"]
+        cloud, kind, rid = _tagged(request)
         tag = request.path_params["tag"]
         tags = svc.tags_of(cloud, ctx, kind, rid)
         if tag not in tags:
-            raise ApiError(404, f"Tag {tag} could not be found.", code="TagNotFound")
+            raise _no_tag(tag)
         svc.set_tags(cloud, ctx, kind, rid, [t for t in tags if t != tag])
         return Response(status_code=204)
 

@@ -10,9 +10,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from stowage.api.common import ApiError
-from stowage.api.placement.microversion import Version, pv, require_version
+from stowage.api.placement.microversion import Version, pv
 from stowage.api.placement.query import parse_member_of, parse_required, parse_resources
-from stowage.api.placement.support import authorize, check_params, one_param, store_of, valid_uuid
+from stowage.api.placement.support import (
+    authorize,
+    authorize_since,
+    check_params,
+    one_param,
+    store_of,
+    valid_uuid,
+)
 from stowage.services.placement import (
     Allocation,
     Candidate,
@@ -70,8 +77,7 @@ def set_allocations(request: Request, consumer_id: str) -> Response:
 
 @router.post("/allocations")
 def post_allocations(request: Request) -> Response:
-    require_version(request, (1, 13), status=405)
-    authorize(request, "placement:allocations:manage")
+    authorize_since(request, (1, 13), "placement:allocations:manage", status=405)
     raise LedgerManaged(f"Unable to set allocations: {_LEDGER_OWNS}.")
 
 
@@ -85,8 +91,7 @@ def delete_allocations(request: Request, consumer_id: str) -> Response:
 
 @router.post("/reshaper")
 def reshape(request: Request) -> Response:
-    require_version(request, (1, 30))
-    authorize(request, "placement:reshaper:reshape")
+    authorize_since(request, (1, 30), "placement:reshaper:reshape")
     raise LedgerManaged(f"Unable to reshape: {_LEDGER_OWNS}.")
 
 
@@ -97,8 +102,7 @@ _CONSUMER_TYPE = re.compile(r"^([A-Z0-9_]+|all|unknown)$")
 
 @router.get("/usages")
 def total_usages(request: Request) -> JSONResponse:
-    require_version(request, (1, 9))
-    authorize(request, "placement:usages")
+    authorize_since(request, (1, 9), "placement:usages")
     version = pv(request)
     allowed = {"project_id", "user_id"} | ({"consumer_type"} if version >= (1, 38) else set())
     check_params(request, allowed)
@@ -303,8 +307,7 @@ def _same_subtree(request: Request, groups: list[RequestGroup]) -> None:
 
 @router.get("/allocation_candidates")
 def allocation_candidates(request: Request) -> JSONResponse:
-    require_version(request, (1, 10))
-    authorize(request, "placement:allocation_candidates:list")
+    authorize_since(request, (1, 10), "placement:allocation_candidates:list")
     version = pv(request)
     plain, suffixed = _candidate_params(version)
     check_params(request, plain, suffixed=suffixed)

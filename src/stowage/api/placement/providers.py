@@ -11,10 +11,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from stowage.api.common import ApiError
-from stowage.api.placement.microversion import pv, require_version
+from stowage.api.placement.microversion import pv
 from stowage.api.placement.query import parse_member_of, parse_required, parse_resources
 from stowage.api.placement.support import (
     authorize,
+    authorize_since,
     body_of,
     check_params,
     one_param,
@@ -402,8 +403,7 @@ def delete_inventory(request: Request, rp_uuid: str, rc: str) -> Response:
 
 @router.delete("/resource_providers/{rp_uuid}/inventories")
 def delete_inventories(request: Request, rp_uuid: str) -> Response:
-    require_version(request, (1, 5), status=405)
-    authorize(request, "placement:resource_providers:inventories:delete")
+    authorize_since(request, (1, 5), "placement:resource_providers:inventories:delete", status=405)
     store_of(request).write_inventories(rp_uuid, None, lambda _current: {})
     return Response(status_code=204)
 
@@ -425,8 +425,7 @@ def provider_usages(request: Request, rp_uuid: str) -> JSONResponse:
 
 @router.get("/resource_providers/{rp_uuid}/aggregates")
 def provider_aggregates(request: Request, rp_uuid: str) -> JSONResponse:
-    require_version(request, (1, 1))
-    authorize(request, "placement:resource_providers:aggregates:list")
+    authorize_since(request, (1, 1), "placement:resource_providers:aggregates:list")
     store = store_of(request)
     provider = store.provider(rp_uuid)
     body: dict[str, Any] = {"aggregates": sorted(store.aggregates_of([provider])[provider.uuid])}
@@ -437,8 +436,7 @@ def provider_aggregates(request: Request, rp_uuid: str) -> JSONResponse:
 
 @router.put("/resource_providers/{rp_uuid}/aggregates")
 def set_provider_aggregates(request: Request, rp_uuid: str) -> Response:
-    require_version(request, (1, 1))
-    authorize(request, "placement:resource_providers:aggregates:update")
+    authorize_since(request, (1, 1), "placement:resource_providers:aggregates:update")
     store_of(request).provider(rp_uuid)
     raise LedgerManaged(
         "A provider's aggregates are its host's compute aggregates: change them with "

@@ -11,10 +11,12 @@ from fastapi import Request
 
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import ApiError, Context
+from stowage.api.placement.microversion import require_version
 from stowage.services.placement import PlacementStore
 
 __all__ = [
     "authorize",
+    "authorize_since",
     "body_of",
     "check_params",
     "one_param",
@@ -33,6 +35,14 @@ def authorize(request: Request, rule: str) -> Context:
     if not (ctx.is_admin or "service" in ctx.roles):
         raise ApiError(403, f"Policy does not allow {rule} to be performed.")
     return ctx
+
+
+def authorize_since(
+    request: Request, minimum: tuple[int, int], rule: str, *, status: int = 404
+) -> Context:
+    """A call that came with microversion `minimum`: the version is checked before the policy."""
+    require_version(request, minimum, status=status)
+    return authorize(request, rule)
 
 
 def store_of(request: Request) -> PlacementStore:

@@ -9,9 +9,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from stowage.api.common import ApiError
-from stowage.api.placement.microversion import pv, require_version
+from stowage.api.placement.microversion import pv
 from stowage.api.placement.support import (
-    authorize,
+    authorize_since,
     body_of,
     check_params,
     one_param,
@@ -44,8 +44,7 @@ _INVALID_CLASS = (
 
 @router.get("/traits")
 def list_traits(request: Request) -> JSONResponse:
-    require_version(request, (1, 6))
-    authorize(request, "placement:traits:list")
+    authorize_since(request, (1, 6), "placement:traits:list")
     check_params(request, {"name", "associated"})
     store = store_of(request)
     names = store.all_traits()
@@ -75,8 +74,7 @@ def list_traits(request: Request) -> JSONResponse:
 
 @router.get("/traits/{name}")
 def show_trait(request: Request, name: str) -> Response:
-    require_version(request, (1, 6))
-    authorize(request, "placement:traits:show")
+    authorize_since(request, (1, 6), "placement:traits:show")
     if not store_of(request).trait_exists(name):
         raise PlacementNotFound(f"No such trait(s): {name}.")
     return Response(status_code=204)
@@ -84,8 +82,7 @@ def show_trait(request: Request, name: str) -> Response:
 
 @router.put("/traits/{name}")
 def put_trait(request: Request, name: str) -> Response:
-    require_version(request, (1, 6))
-    authorize(request, "placement:traits:update")
+    authorize_since(request, (1, 6), "placement:traits:update")
     if not valid_custom_name(name):
         raise ApiError(400, _INVALID_TRAIT)
     created = store_of(request).create_trait(name)
@@ -97,8 +94,7 @@ def put_trait(request: Request, name: str) -> Response:
 
 @router.delete("/traits/{name}")
 def delete_trait(request: Request, name: str) -> Response:
-    require_version(request, (1, 6))
-    authorize(request, "placement:traits:delete")
+    authorize_since(request, (1, 6), "placement:traits:delete")
     store_of(request).delete_trait(name)
     return Response(status_code=204)
 
@@ -113,8 +109,7 @@ def _provider_traits(request: Request, provider: Provider) -> dict[str, Any]:
 
 @router.get("/resource_providers/{rp_uuid}/traits")
 def list_provider_traits(request: Request, rp_uuid: str) -> JSONResponse:
-    require_version(request, (1, 6))
-    authorize(request, "placement:resource_providers:traits:list")
+    authorize_since(request, (1, 6), "placement:resource_providers:traits:list")
     try:
         provider = store_of(request).provider(rp_uuid)
     except PlacementNotFound:
@@ -124,8 +119,7 @@ def list_provider_traits(request: Request, rp_uuid: str) -> JSONResponse:
 
 @router.put("/resource_providers/{rp_uuid}/traits")
 async def set_provider_traits(request: Request, rp_uuid: str) -> JSONResponse:
-    require_version(request, (1, 6))
-    authorize(request, "placement:resource_providers:traits:update")
+    authorize_since(request, (1, 6), "placement:resource_providers:traits:update")
     store = store_of(request)
     body = await body_of(request)
     if not isinstance(body, dict):
@@ -164,8 +158,7 @@ async def set_provider_traits(request: Request, rp_uuid: str) -> JSONResponse:
 
 @router.delete("/resource_providers/{rp_uuid}/traits")
 def delete_provider_traits(request: Request, rp_uuid: str) -> Response:
-    require_version(request, (1, 6))
-    authorize(request, "placement:resource_providers:traits:delete")
+    authorize_since(request, (1, 6), "placement:resource_providers:traits:delete")
     store = store_of(request)
     store.provider(rp_uuid)
     store.set_traits(rp_uuid, None, [])
@@ -182,16 +175,14 @@ def _class_view(request: Request, name: str) -> dict[str, Any]:
 
 @router.get("/resource_classes")
 def list_resource_classes(request: Request) -> JSONResponse:
-    require_version(request, (1, 2))
-    authorize(request, "placement:resource_classes:list")
+    authorize_since(request, (1, 2), "placement:resource_classes:list")
     names = store_of(request).resource_classes()
     return JSONResponse({"resource_classes": [_class_view(request, n) for n in names]})
 
 
 @router.get("/resource_classes/{name}")
 def show_resource_class(request: Request, name: str) -> JSONResponse:
-    require_version(request, (1, 2))
-    authorize(request, "placement:resource_classes:show")
+    authorize_since(request, (1, 2), "placement:resource_classes:show")
     if not store_of(request).resource_class_exists(name):
         raise PlacementNotFound(f"No such resource class {name}.")
     return JSONResponse(_class_view(request, name))
@@ -199,8 +190,7 @@ def show_resource_class(request: Request, name: str) -> JSONResponse:
 
 @router.post("/resource_classes")
 async def create_resource_class(request: Request) -> Response:
-    require_version(request, (1, 2))
-    authorize(request, "placement:resource_classes:create")
+    authorize_since(request, (1, 2), "placement:resource_classes:create")
     body = await body_of(request)
     if not isinstance(body, dict) or "name" not in body:
         raise ApiError(400, "JSON does not validate: 'name' is a required property")
@@ -217,8 +207,7 @@ async def create_resource_class(request: Request) -> Response:
 
 @router.put("/resource_classes/{name}")
 async def put_resource_class(request: Request, name: str) -> Response:
-    require_version(request, (1, 2))
-    authorize(request, "placement:resource_classes:update")
+    authorize_since(request, (1, 2), "placement:resource_classes:update")
     store = store_of(request)
     location = {"Location": f"{prefix(request)}/resource_classes/{name}"}
     if pv(request) >= (1, 7):
@@ -239,7 +228,6 @@ async def put_resource_class(request: Request, name: str) -> Response:
 
 @router.delete("/resource_classes/{name}")
 def delete_resource_class(request: Request, name: str) -> Response:
-    require_version(request, (1, 2))
-    authorize(request, "placement:resource_classes:delete")
+    authorize_since(request, (1, 2), "placement:resource_classes:delete")
     store_of(request).delete_resource_class(name)
     return Response(status_code=204)
