@@ -13,7 +13,7 @@ from sqlalchemy import select
 from stowage.domain.claims import ConsumerKind, RefusalCode
 from stowage.domain.flavor import Flavor, InstanceShape, shape_of
 from stowage.domain.groups import ServerGroup, parse_group
-from stowage.domain.topology import HostSpec, HostTopology
+from stowage.domain.topology import HostSpec, HostTopology, ResourceClass
 from stowage.ledger import Ledger, audit, make_engine, migrate
 from stowage.ledger.db import READONLY
 from stowage.ledger.schema import consumers, group_members, group_slots, inventories
@@ -526,3 +526,22 @@ def test_a_host_whose_heartbeats_stop_is_left_out(ledger: Ledger, clock: Clock) 
     ledger.heartbeat(["h2"])  # h1 has been silent for five minutes
     placements = scheduler.schedule([req(SMALL) for _ in range(3)])
     assert hosts_of(placements) == [ids["h2"]] * 3
+
+
+def test_a_view_older_than_the_pruned_change_log_reads_every_host_again(
+    ledger: Ledger, clock: Clock
+) -> None:
+    ids = register(ledger, "h1", "h2")
+    behind = Scheduler(ledger, clock=clock)
+    ahead = Scheduler(ledger, clock=clock)
+    behind.current_view()
+    placed = ahead.schedule([req(FILLER) for _ in range(4)])
+    assert all(p.ok for p in placed)
+    clock.now += 3600
+    ledger.heartbeat()
+    assert ledger.prune_changes(older_than_s=600) > 0
+    view = behind.current_view()
+    assert_view_matches_ledger(view, ledger)
+    assert sum(view.hosts[h].used.get(ResourceClass.MEMORY_MB, 0) for h in ids.values()) == (
+        4 * FILLER.memory_mb
+    )

@@ -42,6 +42,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     async def beat() -> None:
         while True:
             await asyncio.to_thread(cloud.ledger.heartbeat)
+            await asyncio.to_thread(cloud.ledger.prune_changes)
             await asyncio.sleep(cloud.config.heartbeat_interval_s)
 
     task = asyncio.create_task(beat())

@@ -634,6 +634,9 @@ class Ledger:
         """
         wanted = set(host_ids)
         with self.engine.connect().execution_options(**READONLY) as conn, conn.begin():
+            oldest = conn.execute(select(func.min(changes.c.seq))).scalar()
+            # Rows this view never saw were pruned: it reads every host again.
+            missed = oldest is not None and oldest > view.seq + 1
             rows = conn.execute(
                 select(changes.c.seq, changes.c.host_id, changes.c.writer).where(
                     changes.c.seq > max(0, view.seq - _REREAD_WINDOW)
@@ -657,12 +660,36 @@ class Ledger:
                 wanted.add(view.stale.pop())
                 deferred_max -= 1
             view.stale -= wanted
+            if missed:
+                view.stale.clear()
+                for row in conn.execute(select(server_groups)):
+                    view.add_group(_group_from_row(row._mapping))
+                for state, contribution in self._read_hosts(conn, None):
+                    view.replace_host(state, contribution)
+                return len(view.hosts)
             if not wanted:
                 return 0
             self._ensure_groups(conn, view, wanted)
             for state, contribution in self._read_hosts(conn, sorted(wanted)):
                 view.replace_host(state, contribution)
         return len(wanted)
+
+    def prune_changes(self, *, older_than_s: float = 600.0) -> int:
+        """Forget change rows older than any view still needs; returns how many went.
+
+        A view that has not refreshed for longer than this reloads itself fully
+        (see `refresh`), so nothing it needed is lost.
+        """
+        newest = select(func.max(changes.c.seq)).scalar_subquery()
+        with self.engine.begin() as conn:
+            # The newest row always stays, so a view can tell it missed pruned rows.
+            return int(
+                conn.execute(
+                    delete(changes).where(
+                        changes.c.at < self.clock() - older_than_s, changes.c.seq < newest
+                    )
+                ).rowcount
+            )
 
     def refresh_liveness(self, view: View) -> None:
         """Heartbeat times and service flags of every host, in one narrow query.
