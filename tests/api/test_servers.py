@@ -185,3 +185,45 @@ def test_the_flavor_field_follows_the_microversion(cloud: RunningCloud) -> None:
         else:
             assert body["flavor"]["id"] == "1"
     cloud.osc("server", "delete", "--wait", name)
+
+
+def test_resize_waits_for_confirm_then_moves_its_claims(cloud: RunningCloud) -> None:
+    name = unique("resize")
+    server = create(cloud, name)
+    before = cloud.osc_json("server", "show", name)["OS-EXT-SRV-ATTR:host"]
+    cloud.osc("server", "resize", "--flavor", "m1.small", name)
+    waiting = cloud.osc_json("server", "show", name)
+    assert waiting["status"] == "VERIFY_RESIZE"
+    migrations = cloud.osc_json("server", "migration", "list", "--server", name)
+    assert [m["Status"] for m in migrations] == ["finished"]
+    cloud.osc("server", "resize", "confirm", name)
+    done = cloud.osc_json("server", "show", name)
+    assert done["status"] == "ACTIVE"
+    assert "m1.small" in str(done["flavor"])
+    assert done["OS-EXT-SRV-ATTR:host"] != before
+    statuses = [
+        m["Status"] for m in cloud.osc_json("server", "migration", "list", "--server", name)
+    ]
+    assert statuses == ["confirmed"]
+    again = cloud.compute("POST", f"/servers/{server['id']}/action", json={"confirmResize": None})
+    assert again.status_code == 409
+    cloud.osc("server", "delete", "--wait", name)
+
+
+def test_a_reverted_cold_migration_stays_on_its_host(cloud: RunningCloud) -> None:
+    name = unique("cold")
+    create(cloud, name)
+    before = cloud.osc_json("server", "show", name)["OS-EXT-SRV-ATTR:host"]
+    cloud.osc("server", "migrate", name)
+    assert cloud.osc_json("server", "show", name)["status"] == "VERIFY_RESIZE"
+    cloud.osc("server", "resize", "revert", name)
+    after = cloud.osc_json("server", "show", name)
+    assert after["status"] == "ACTIVE"
+    assert after["OS-EXT-SRV-ATTR:host"] == before
+    statuses = [
+        m["Status"] for m in cloud.osc_json("server", "migration", "list", "--server", name)
+    ]
+    assert statuses == ["reverted"]
+    denied = cloud.osc("server", "migrate", name, cloud="stowage", check=False)
+    assert denied.returncode != 0
+    cloud.osc("server", "delete", "--wait", name)

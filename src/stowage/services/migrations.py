@@ -287,23 +287,25 @@ def _finish(
     return MoveResult(migration_id, "completed", dest)
 
 
-def _pending_resize(cloud: Cloud, instance_id: str) -> tuple[str, dict[str, Any]]:
+def _resizing(
+    cloud: Cloud, instance_id: str, action: str
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """The instance waiting in VERIFY_RESIZE and its `finished` migration record."""
+    body = dict(cloud.objects.get("instance", instance_id).body)
+    if body["status"] != "VERIFY_RESIZE":
+        raise ConflictError(
+            f"Cannot '{action}' instance {instance_id} while it is in vm_state {body['vm_state']}"
+        )
     for doc in cloud.objects.list("migration"):
-        body = doc.body
-        if body["instance_uuid"] == instance_id and body["status"] == "finished":
-            return doc.id, dict(body)
+        record = doc.body
+        if record["instance_uuid"] == instance_id and record["status"] == "finished":
+            return body, doc.id, dict(record)
     raise ConflictError(f"Instance {instance_id} has no resize or migration to confirm.")
 
 
 def confirm_resize(cloud: Cloud, instance_id: str) -> None:
     """VERIFY_RESIZE -> ACTIVE on the destination; the source's claims go in the same commit."""
-    body = dict(cloud.objects.get("instance", instance_id).body)
-    if body["status"] != "VERIFY_RESIZE":
-        raise ConflictError(
-            f"Cannot 'confirmResize' instance {instance_id} while it is in vm_state "
-            f"{body['vm_state']}"
-        )
-    migration_id, record = _pending_resize(cloud, instance_id)
+    body, migration_id, record = _resizing(cloud, instance_id, "confirmResize")
     body.update(
         status="ACTIVE",
         vm_state="active",
@@ -319,13 +321,7 @@ def confirm_resize(cloud: Cloud, instance_id: str) -> None:
 
 def revert_resize(cloud: Cloud, instance_id: str) -> None:
     """VERIFY_RESIZE -> ACTIVE on the source; the destination's claims go in the same commit."""
-    body = dict(cloud.objects.get("instance", instance_id).body)
-    if body["status"] != "VERIFY_RESIZE":
-        raise ConflictError(
-            f"Cannot 'revertResize' instance {instance_id} while it is in vm_state "
-            f"{body['vm_state']}"
-        )
-    migration_id, record = _pending_resize(cloud, instance_id)
+    body, migration_id, record = _resizing(cloud, instance_id, "revertResize")
     body.update(status="ACTIVE", vm_state="active", task_state=None)
     record["status"] = "reverted"
 
