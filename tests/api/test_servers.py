@@ -227,3 +227,39 @@ def test_a_reverted_cold_migration_stays_on_its_host(cloud: RunningCloud) -> Non
     denied = cloud.osc("server", "migrate", name, cloud="stowage", check=False)
     assert denied.returncode != 0
     cloud.osc("server", "delete", "--wait", name)
+
+
+def test_a_snapshot_becomes_an_active_private_image_of_the_servers_disk(
+    cloud: RunningCloud,
+) -> None:
+    name = unique("snap-src")
+    server = create(cloud, name)
+    snap = unique("snap")
+    cloud.osc("server", "image", "create", "--name", snap, "--wait", name)
+    image = cloud.osc_json("image", "show", snap)
+    assert image["status"] == "active"
+    assert image["visibility"] == "private"
+    assert image["properties"]["instance_uuid"] == server["id"]
+    base = cloud.osc_json("image", "show", IMAGE)
+    assert image["size"] == base["size"]
+    assert image["checksum"] == base["checksum"]
+    nameless = cloud.compute("POST", f"/servers/{server['id']}/action", json={"createImage": {}})
+    assert nameless.status_code == 400
+    cloud.osc("image", "delete", snap)
+    cloud.osc("server", "delete", "--wait", name)
+
+
+def test_rebuild_keeps_the_host_and_changes_the_image(cloud: RunningCloud) -> None:
+    name = unique("rebuild")
+    create(cloud, name)
+    host = cloud.osc_json("server", "show", name)["OS-EXT-SRV-ATTR:host"]
+    other = unique("img")
+    cloud.osc("server", "image", "create", "--name", other, "--wait", name)
+    other_id = cloud.osc_json("image", "show", other)["id"]
+    cloud.osc("server", "rebuild", "--image", other, "--wait", name)
+    shown = cloud.osc_json("server", "show", name)
+    assert shown["status"] == "ACTIVE"
+    assert shown["OS-EXT-SRV-ATTR:host"] == host
+    assert other_id in str(shown["image"])
+    cloud.osc("server", "delete", "--wait", name)
+    cloud.osc("image", "delete", other)

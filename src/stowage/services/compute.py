@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,9 @@ __all__ = [
     "delete_server",
     "instance_topology",
     "power_action",
+    "rebuild_server",
     "record_action",
+    "snapshot_server",
 ]
 
 
@@ -396,3 +398,74 @@ def instance_topology(cloud: Cloud, instance_id: str) -> list[dict[str, Any]]:
 
 def instance_hosts(cloud: Cloud) -> Mapping[int, str]:
     return _host_names(cloud)
+
+
+_SNAPSHOT_CHUNK_BYTES = 1 << 20
+_SNAPSHOTTABLE = frozenset({"ACTIVE", "SHUTOFF", "PAUSED", "SUSPENDED"})
+
+
+def snapshot_server(
+    cloud: Cloud, caller: Any, instance_id: str, name: str, metadata: Mapping[str, str]
+) -> str:
+    """createImage: a queued image at once, then the instance's disk data; all or nothing.
+
+    The simulated hypervisor's disk is the boot image's data, so that is what is copied.
+    (Streaming from the compute agent without blocking its loop comes with the agents.)
+    """
+    from stowage.services import images
+
+    body = cloud.objects.get("instance", instance_id).body
+    if body["status"] not in _SNAPSHOTTABLE:
+        raise ConflictError(
+            f"Cannot 'createImage' instance {instance_id} while it is in vm_state "
+            f"{body['vm_state']}"
+        )
+    base = images.find_image(cloud, body.get("image_id") or "") or {}
+    created = images.create_image(
+        cloud,
+        caller,
+        {
+            "name": name,
+            "disk_format": base.get("disk_format") or "qcow2",
+            "container_format": base.get("container_format") or "bare",
+            "visibility": "private",
+            "image_type": "snapshot",
+            "instance_uuid": instance_id,
+            "base_image_ref": body.get("image_id") or "",
+            "owner_project_name": "",
+            **{k: str(v) for k, v in metadata.items()},
+        },
+    )
+    source = images.image_file(cloud, base["id"]) if base.get("id") else None
+
+    def chunks() -> Iterator[bytes]:
+        if source is None or not source.exists():
+            return
+        with source.open("rb") as data:
+            while chunk := data.read(_SNAPSHOT_CHUNK_BYTES):
+                yield chunk
+
+    try:
+        images.store_image_bytes(cloud, caller, created["id"], chunks())
+    except BaseException:
+        # A snapshot is never left half-written: the image goes with the failed upload.
+        images.delete_image(cloud, caller, created["id"])
+        raise
+    return str(created["id"])
+
+
+def rebuild_server(cloud: Cloud, instance_id: str, image_id: str, name: str | None) -> None:
+    """Rebuild in place on the same host and claims, from another image."""
+    body = dict(cloud.objects.get("instance", instance_id).body)
+    if body["status"] not in {"ACTIVE", "SHUTOFF", "ERROR"}:
+        raise ConflictError(
+            f"Cannot 'rebuild' instance {instance_id} while it is in vm_state {body['vm_state']}"
+        )
+    if body.get("host") is None:
+        raise ConflictError(f"Instance {instance_id} has no host to rebuild on.")
+    body["image_id"] = image_id
+    if name:
+        body["name"] = name
+    _set_state(body, ACTIVE, task_state=None)
+    body["fault"] = None
+    cloud.objects.update("instance", instance_id, body, name=body["name"])

@@ -22,7 +22,9 @@ from stowage.services.compute import (
     delete_server,
     instance_topology,
     power_action,
+    rebuild_server,
     record_action,
+    snapshot_server,
 )
 from stowage.services.compute_catalog import visible_flavor
 from stowage.services.images import properties_of
@@ -209,16 +211,7 @@ def _parse_create(cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
     image_properties: dict[str, str] = {}
     if image_ref:
         image_id = str(image_ref).rstrip("/").rsplit("/", 1)[-1]
-        image = cloud.objects.find("image", image_id)
-        visible = image is not None and (
-            ctx.is_admin
-            or image.body.get("visibility") in ("public", "community")
-            or image.body.get("owner") == ctx.project_id
-        )
-        if image is None or not visible:
-            raise ApiError(400, f"Image {image_ref} could not be found.")
-        if image.body.get("status") != "active":
-            raise ApiError(400, f"Image {image_id} is not active.")
+        image = bootable_image(cloud, ctx, image_id)
         image_properties = {
             k: str(v) for k, v in properties_of(image.body).items() if isinstance(v, str | int)
         }
@@ -270,6 +263,21 @@ def _parse_create(cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
         tags=list(server.get("tags") or []),
         is_admin=ctx.is_admin,
     )
+
+
+def bootable_image(cloud: Cloud, ctx: Context, image_id: str) -> Document:
+    """An active image the caller may boot from, or Nova's 400."""
+    image = cloud.objects.find("image", image_id)
+    visible = image is not None and (
+        ctx.is_admin
+        or image.body.get("visibility") in ("public", "community")
+        or image.body.get("owner") == ctx.project_id
+    )
+    if image is None or not visible:
+        raise ApiError(400, f"Image {image_id} could not be found.")
+    if image.body.get("status") != "active":
+        raise ApiError(400, f"Image {image_id} is not active.")
+    return image
 
 
 def _as_list(value: Any) -> list[str]:
@@ -548,7 +556,43 @@ async def server_action(request: Request, server_id: str) -> Response:
         return Response(status_code=202)
     if action in _MOVES:
         return await _move_action(request, ctx, doc, action, args)
+    if action == "createImage":
+        return await _create_image(request, ctx, doc, args)
+    if action == "rebuild":
+        return await _rebuild(request, ctx, doc, args)
     raise ApiError(400, f"There is no such action: {action}")
+
+
+async def _create_image(request: Request, ctx: Context, doc: Document, args: Any) -> Response:
+    cloud = cloud_of(request)
+    args = args if isinstance(args, dict) else {}
+    name = args.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ApiError(400, "Invalid input for field/attribute name: a snapshot needs a name")
+    metadata = args.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise ApiError(400, "Invalid input for field/attribute metadata: not an object")
+    image_id = await asyncio.to_thread(snapshot_server, cloud, ctx, doc.id, name, metadata)
+    record_action(
+        cloud, doc.id, "createImage", ctx.user_id, ctx.project_id, request.state.request_id
+    )
+    location = f"{cloud.config.base_url}/image/v2/images/{image_id}"
+    if mv(request) >= (2, 45):
+        return JSONResponse({"image_id": image_id}, status_code=202)
+    return Response(status_code=202, headers={"Location": location})
+
+
+async def _rebuild(request: Request, ctx: Context, doc: Document, args: Any) -> Response:
+    cloud = cloud_of(request)
+    args = args if isinstance(args, dict) else {}
+    ref = args.get("imageRef")
+    if not ref:
+        raise ApiError(400, "Invalid input for field/attribute imageRef: required")
+    image_id = bootable_image(cloud, ctx, str(ref).rstrip("/").rsplit("/", 1)[-1]).id
+    await asyncio.to_thread(rebuild_server, cloud, doc.id, image_id, args.get("name"))
+    record_action(cloud, doc.id, "rebuild", ctx.user_id, ctx.project_id, request.state.request_id)
+    updated = cloud.objects.get("instance", doc.id)
+    return JSONResponse({"server": server_view(request, ctx, updated)}, status_code=202)
 
 
 _MOVES = {"evacuate", "os-migrateLive", "migrate", "resize", "confirmResize", "revertResize"}
