@@ -132,6 +132,10 @@ def up(
     port: Annotated[int, typer.Option(help="Port for every API.")] = 8880,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     hosts: Annotated[int, typer.Option("--hosts", help="Simulated compute hosts.")] = 3,
+    topology: Annotated[
+        Path | None,
+        typer.Option("--topology", help="YAML file describing the hosts (see README)."),
+    ] = None,
     db: DbUrl = None,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
@@ -150,6 +154,15 @@ def up(
         )
         raise typer.Exit(1)
     config = CloudConfig(state_dir=state_dir.resolve(), host=host, port=port, hosts=hosts)
+    if topology is not None:
+        from stowage.domain.errors import InvalidSpec
+        from stowage.services.topology_file import load_topology
+
+        try:
+            config.topology = load_topology(topology)
+        except InvalidSpec as exc:
+            err.print(f"[red]Bad topology[/red]: {exc}")
+            raise typer.Exit(2) from None
     cloud = open_cloud(config, db_url=db)
     clouds = write_clouds_yaml(config)
     console.print(f"Stowage is up at {config.base_url} (state in {config.state_dir}).")

@@ -115,3 +115,44 @@ def test_restarting_on_the_same_state_dir_brings_back_the_same_cloud(tmp_path: P
         assert check.json()["token"]["user"]["name"] == "admin"
     finally:
         stop_cloud(second)
+
+
+def test_a_topology_file_describes_the_hosts(tmp_path: Path) -> None:
+    topology = tmp_path / "hosts.yaml"
+    topology.write_text(
+        "defaults: {cells: 1, cores_per_cell: 4, threads_per_core: 2, memory_mb_per_cell: 8192}\n"
+        "hosts:\n"
+        "  - {name: edge, availability_zone: az-edge, labels: {rack: r9}}\n"
+        "  - {name: big, cells: 2, count: 2, cpu_dedicated_set: '0-7', cpu_shared_set: '8-15'}\n"
+    )
+    running = start_cloud(tmp_path / "state", "--topology", str(topology))
+    try:
+        names = {row["Hypervisor Hostname"] for row in running.osc_json("hypervisor", "list")}
+        assert names == {"edge", "big-1", "big-2"}
+        zones = {
+            row["Zone Name"]
+            for row in running.osc_json("availability", "zone", "list", "--compute")
+        }
+        assert "az-edge" in zones
+    finally:
+        stop_cloud(running)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hosts:\n  - {name: x, sockets: 2}\n")
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "stowage"),
+            "up",
+            "--state-dir",
+            str(tmp_path / "other"),
+            "--topology",
+            str(bad),
+            "--port",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "sockets" in result.stderr
