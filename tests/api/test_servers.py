@@ -263,3 +263,30 @@ def test_rebuild_keeps_the_host_and_changes_the_image(cloud: RunningCloud) -> No
     assert other_id in str(shown["image"])
     cloud.osc("server", "delete", "--wait", name)
     cloud.osc("image", "delete", other)
+
+
+def test_a_reader_lists_servers_but_cannot_create_or_delete_them(cloud: RunningCloud) -> None:
+    name = unique("reader")
+    cloud.osc("user", "create", "--password", "read-only", "--project", "demo", name)
+    cloud.osc("role", "add", "--project", "demo", "--user", name, "reader")
+    owned = create(cloud, unique("demo-vm"), user="stowage")
+    token = cloud.token(name, "read-only", "demo")
+    listed = cloud.compute("GET", "/servers", token=token)
+    assert listed.status_code == 200
+    assert owned["id"] in {s["id"] for s in listed.json()["servers"]}
+    body = {
+        "server": {
+            "name": "nope",
+            "flavorRef": "1",
+            "imageRef": _image_id(cloud),
+            "networks": "none",
+        }
+    }
+    assert cloud.compute("POST", "/servers", token=token, json=body).status_code == 403
+    assert cloud.compute("DELETE", f"/servers/{owned['id']}", token=token).status_code == 403
+    stop = cloud.compute(
+        "POST", f"/servers/{owned['id']}/action", token=token, json={"os-stop": None}
+    )
+    assert stop.status_code == 403
+    cloud.osc("server", "delete", "--wait", owned["id"])
+    cloud.osc("user", "delete", name)
