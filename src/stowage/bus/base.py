@@ -1,0 +1,140 @@
+"""The bus port: request/reply and fire-and-forget messages between services and agents."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+__all__ = [
+    "OP_IDS_MAX",
+    "BusClosed",
+    "BusError",
+    "BusTimeout",
+    "Handler",
+    "RemoteError",
+    "ReplyCache",
+    "Transport",
+    "failure_envelope",
+    "success_envelope",
+    "unwrap",
+]
+
+Payload = dict[str, Any]
+Handler = Callable[[str, Payload, str], Awaitable[Payload]]
+"""A server's handler: ``(method, payload, op_id) -> reply``."""
+
+log = logging.getLogger(__name__)
+
+OP_IDS_MAX = 10_000
+"""How many op ids (and their replies) a server remembers for deduplication."""
+
+
+class BusError(Exception):
+    """An operating fault on the bus."""
+
+
+class BusTimeout(BusError):
+    """No reply arrived before the call's deadline; the operation may or may not have run."""
+
+
+class BusClosed(BusError):
+    """The transport was closed."""
+
+
+class RemoteError(BusError):
+    """The remote handler raised; the operation ran (once) and failed."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+class Transport(Protocol):
+    """What services and agents need from a message bus."""
+
+    async def call(
+        self, topic: str, method: str, payload: Payload, *, op_id: str, timeout_s: float
+    ) -> Payload:
+        """Send a request and wait for its reply; raise BusTimeout after ``timeout_s``."""
+        ...
+
+    async def cast(self, topic: str, method: str, payload: Payload, *, op_id: str) -> None:
+        """Send a message without a reply, delivered at least once."""
+        ...
+
+    async def serve(self, topic: str, handler: Handler) -> None:
+        """Handle the messages of ``topic``; a repeated op id gets the stored reply."""
+        ...
+
+    async def close(self) -> None:
+        """Stop serving and release connections; pending calls fail with BusClosed."""
+        ...
+
+
+def success_envelope(result: Payload) -> Payload:
+    return {"ok": True, "result": result}
+
+
+def failure_envelope(exc: BaseException) -> Payload:
+    return {"ok": False, "kind": type(exc).__name__, "message": str(exc)}
+
+
+def unwrap(envelope: Payload) -> Payload:
+    """The handler's reply, or its failure raised as RemoteError."""
+    if envelope.get("ok"):
+        result: Payload = envelope["result"]
+        return result
+    raise RemoteError(str(envelope.get("kind")), str(envelope.get("message")))
+
+
+class ReplyCache:
+    """Runs a handler at most once per op id and remembers the replies (bounded LRU).
+
+    A redelivery that arrives while the first delivery is still being handled waits for
+    the same reply instead of running the handler again.
+    """
+
+    def __init__(self, handler: Handler, op_ids_max: int = OP_IDS_MAX) -> None:
+        assert op_ids_max > 0
+        self._handler = handler
+        self._op_ids_max = op_ids_max
+        self._replies: OrderedDict[str, asyncio.Future[Payload]] = OrderedDict()
+        self.repeats_n = 0
+        """Deliveries answered without running the handler (redeliveries, retries)."""
+
+    def __len__(self) -> int:
+        return len(self._replies)
+
+    async def handle(self, method: str, payload: Payload, op_id: str) -> Payload:
+        """The reply envelope for ``op_id``; the handler runs only for a new op id."""
+        reply = self._replies.get(op_id)
+        if reply is not None:
+            self.repeats_n += 1
+            log.debug("op %s repeated: answering with its stored reply", op_id)
+            self._replies.move_to_end(op_id)
+            return await asyncio.shield(reply)
+        reply = asyncio.get_running_loop().create_future()
+        self._replies[op_id] = reply
+        self._evict()
+        try:
+            envelope = success_envelope(await self._handler(method, payload, op_id))
+        except asyncio.CancelledError:
+            # Not handled: forget the op id so that a redelivery runs the handler.
+            self._replies.pop(op_id, None)
+            reply.cancel()
+            raise
+        except Exception as exc:
+            envelope = failure_envelope(exc)
+        reply.set_result(envelope)
+        return envelope
+
+    def _evict(self) -> None:
+        while len(self._replies) > self._op_ids_max:
+            oldest = next(iter(self._replies))
+            if not self._replies[oldest].done():
+                break  # never forget an operation still running
+            del self._replies[oldest]
