@@ -1,0 +1,320 @@
+"""The agent runtime: heartbeat, loop-lag watchdog, bounded executors, idempotent ops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from stowage.virt.driver import Driver, DriverError, RunningInstance
+
+__all__ = ["Agent", "AgentConfig", "LagWatchdog", "OpResult", "percentile"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Sink = Callable[[bytes], Awaitable[None]]
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The `q` quantile (0..1) of `samples` by nearest rank; 0.0 when there are none."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Every queue and pool is bounded; times in seconds."""
+
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    lag_interval_s: float = 0.05
+    lag_stall_s: float = 0.5  # a wake-up this late is logged as a stall
+    samples_max: int = 10_000  # heartbeat gaps and lag samples kept
+    max_workers: int = 4  # driver calls (spawn, reboot, ...)
+    max_concurrent_disk_ops: int = 2  # like nova's option, but 0 is not "unlimited"
+    chunk_bytes: int = 1024 * 1024
+    op_results_max: int = 10_000  # finished op ids remembered for redelivery
+
+    def __post_init__(self) -> None:
+        if self.max_workers < 1 or self.max_concurrent_disk_ops < 1:
+            raise ValueError("max_workers and max_concurrent_disk_ops must be at least 1")
+        if self.heartbeat_interval_s <= 0 or self.lag_interval_s <= 0:
+            raise ValueError("intervals must be positive")
+
+
+@dataclass(frozen=True)
+class OpResult:
+    """The outcome of one operation: a status value that carries the reason, not an exception."""
+
+    op_id: str
+    operation: str
+    instance_id: str
+    ok: bool
+    error_code: str | None = None
+    error: str | None = None
+    duration_s: float = 0.0
+
+
+class LagWatchdog:
+    """Sleeps `interval_s` over and over and records how late each wake-up is.
+
+    A late wake-up means something held the event loop: the agent's heartbeat, and every
+    other task, was held with it.
+    """
+
+    def __init__(self, interval_s: float, stall_s: float, samples_max: int) -> None:
+        self.interval_s = interval_s
+        self.stall_s = stall_s
+        self.samples: deque[float] = deque(maxlen=samples_max)
+        self.stalls = 0
+
+    async def run(self) -> None:
+        while True:
+            start = time.monotonic()
+            await asyncio.sleep(self.interval_s)
+            lag_s = max(0.0, time.monotonic() - start - self.interval_s)
+            self.samples.append(lag_s)
+            if lag_s >= self.stall_s:
+                self.stalls += 1
+                log.warning("event loop stalled for %.3f s", lag_s)
+
+    @property
+    def lag_max_s(self) -> float:
+        return max(self.samples, default=0.0)
+
+    @property
+    def lag_p99_s(self) -> float:
+        return percentile(list(self.samples), 0.99)
+
+
+class Agent:
+    """The compute agent for one host.
+
+    Three pools keep the kinds of work from starving each other: one thread for the
+    heartbeat, `max_workers` threads for driver calls, and `max_concurrent_disk_ops`
+    threads (behind a semaphore of the same size) for disk-heavy work such as snapshots.
+    Nothing that can block runs on the event loop.
+    """
+
+    def __init__(
+        self,
+        driver: Driver,
+        heartbeat: Callable[[], None],
+        config: AgentConfig | None = None,
+    ) -> None:
+        self.driver = driver
+        self.config = config or AgentConfig()
+        self._heartbeat = heartbeat
+        cfg = self.config
+        self.heartbeat_gaps_s: deque[float] = deque(maxlen=cfg.samples_max)
+        self.heartbeat_failures = 0
+        self.watchdog = LagWatchdog(cfg.lag_interval_s, cfg.lag_stall_s, cfg.samples_max)
+        self._ops: OrderedDict[str, asyncio.Task[OpResult]] = OrderedDict()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._hb_pool: ThreadPoolExecutor | None = None
+        self._driver_pool: ThreadPoolExecutor | None = None
+        self._disk_pool: ThreadPoolExecutor | None = None
+        self._disk_slots: asyncio.Semaphore | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the pools, the heartbeat and the watchdog on the running loop."""
+        if self._tasks:
+            raise RuntimeError("agent already started")
+        cfg = self.config
+        self._hb_pool = ThreadPoolExecutor(1, thread_name_prefix="agent-heartbeat")
+        self._driver_pool = ThreadPoolExecutor(cfg.max_workers, thread_name_prefix="agent-driver")
+        self._disk_pool = ThreadPoolExecutor(
+            cfg.max_concurrent_disk_ops, thread_name_prefix="agent-disk"
+        )
+        self._disk_slots = asyncio.Semaphore(cfg.max_concurrent_disk_ops)
+        self._tasks = [
+            asyncio.create_task(self._heartbeat_loop(), name="agent-heartbeat"),
+            asyncio.create_task(self.watchdog.run(), name="agent-watchdog"),
+        ]
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Wait up to `grace_s` for running ops, then stop the tasks and the pools.
+
+        Threads still blocked in the driver after the grace period are abandoned (a
+        thread cannot be killed); the pools stop accepting work either way.
+        """
+        running = [t for t in self._ops.values() if not t.done()]
+        if running:
+            await asyncio.wait(running, timeout=grace_s)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for pool in (self._hb_pool, self._driver_pool, self._disk_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._hb_pool = self._driver_pool = self._disk_pool = None
+
+    async def __aenter__(self) -> Agent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- figures ---------------------------------------------------------------------
+
+    @property
+    def heartbeat_gap_max_s(self) -> float:
+        return max(self.heartbeat_gaps_s, default=0.0)
+
+    def heartbeat_gap_quantile_s(self, q: float) -> float:
+        return percentile(list(self.heartbeat_gaps_s), q)
+
+    # -- operations ------------------------------------------------------------------
+
+    async def spawn(
+        self, op_id: str, instance_id: str, pins: dict[int, int], cells: list[int], memory_mb: int
+    ) -> OpResult:
+        return await self._submit(
+            op_id,
+            "spawn",
+            instance_id,
+            lambda: self.driver.spawn(instance_id, pins, cells, memory_mb),
+        )
+
+    async def destroy(self, op_id: str, instance_id: str) -> OpResult:
+        return await self._submit(
+            op_id, "destroy", instance_id, lambda: self.driver.destroy(instance_id)
+        )
+
+    async def reboot(self, op_id: str, instance_id: str) -> OpResult:
+        return await self._submit(
+            op_id, "reboot", instance_id, lambda: self.driver.reboot(instance_id)
+        )
+
+    async def power_off(self, op_id: str, instance_id: str) -> OpResult:
+        return await self._submit(
+            op_id, "power_off", instance_id, lambda: self.driver.power_off(instance_id)
+        )
+
+    async def power_on(self, op_id: str, instance_id: str) -> OpResult:
+        return await self._submit(
+            op_id, "power_on", instance_id, lambda: self.driver.power_on(instance_id)
+        )
+
+    async def running(self) -> dict[str, RunningInstance]:
+        """What the hypervisor runs, read in the driver pool."""
+        return await self._in_pool(self._driver_pool, self.driver.running)
+
+    async def snapshot(self, instance_id: str, sink: Sink) -> int:
+        """Stream the instance's disk to `sink`, chunk by chunk; returns the bytes sent.
+
+        Waits for a disk slot first; each chunk is read in the disk pool, so a saturated
+        disk slows the snapshot down and nothing else.
+        """
+        slots = self._disk_slots
+        if slots is None:
+            raise RuntimeError("agent not started")
+        async with slots:
+            chunks = await self._in_pool(
+                self._disk_pool, self.driver.read_disk, instance_id, self.config.chunk_bytes
+            )
+            sent = 0
+            try:
+                while (
+                    chunk := await self._in_pool(self._disk_pool, _next_chunk, chunks)
+                ) is not None:
+                    await sink(chunk)
+                    sent += len(chunk)
+            finally:
+                close = getattr(chunks, "close", None)
+                if close is not None:
+                    await self._in_pool(self._disk_pool, close)
+            return sent
+
+    async def _submit(
+        self, op_id: str, operation: str, instance_id: str, call: Callable[[], None]
+    ) -> OpResult:
+        """Run `call` once per `op_id`; a redelivered op id gets the first run's outcome.
+
+        The run is a task of its own and is shielded: a caller that gives up (a timeout,
+        a cancelled RPC) does not cancel the work, and a redelivery waits for it.
+        """
+        task = self._ops.get(op_id)
+        if task is None:
+            task = asyncio.create_task(
+                self._run_op(op_id, operation, instance_id, call), name=f"op-{op_id}"
+            )
+            self._ops[op_id] = task
+            self._forget_old_ops()
+        else:
+            log.info("op %s %s redelivered; returning the first run's outcome", op_id, operation)
+        return await asyncio.shield(task)
+
+    async def _run_op(
+        self, op_id: str, operation: str, instance_id: str, call: Callable[[], None]
+    ) -> OpResult:
+        start = time.monotonic()
+        try:
+            await self._in_pool(self._driver_pool, call)
+        except DriverError as exc:
+            log.warning("op %s %s %s failed: %s", op_id, operation, instance_id, exc)
+            return OpResult(
+                op_id,
+                operation,
+                instance_id,
+                ok=False,
+                error_code=exc.code,
+                error=exc.message,
+                duration_s=time.monotonic() - start,
+            )
+        return OpResult(op_id, operation, instance_id, ok=True, duration_s=time.monotonic() - start)
+
+    def _forget_old_ops(self) -> None:
+        """Keep at most `op_results_max` op ids, dropping the oldest finished ones."""
+        excess = len(self._ops) - self.config.op_results_max
+        for op_id in [k for k, t in self._ops.items() if t.done()][: max(0, excess)]:
+            del self._ops[op_id]
+
+    # -- heartbeat -------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        interval_s = self.config.heartbeat_interval_s
+        last: float | None = None
+        while True:
+            now = time.monotonic()
+            if last is not None:
+                self.heartbeat_gaps_s.append(now - last)
+            last = now
+            await self._beat()
+            # The next beat is due one interval after this one started: a slow beat
+            # shortens the sleep, and a late one is not followed by a burst of catch-ups.
+            await asyncio.sleep(max(0.0, now + interval_s - time.monotonic()))
+
+    async def _beat(self) -> None:
+        try:
+            await asyncio.wait_for(
+                self._in_pool(self._hb_pool, self._heartbeat), self.config.heartbeat_timeout_s
+            )
+        except Exception:  # a failed heartbeat is reported, and the next one still goes out
+            self.heartbeat_failures += 1
+            log.exception("heartbeat failed")
+
+    async def _in_pool(
+        self, pool: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any
+    ) -> T:
+        if pool is None:
+            raise RuntimeError("agent not started")
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+def _next_chunk(chunks: Iterator[bytes]) -> bytes | None:
+    return next(chunks, None)

@@ -1,0 +1,233 @@
+"""The simulated hypervisor: per-step latency, injected faults and a real local disk."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from stowage.virt.driver import (
+    DriverCrashed,
+    DriverError,
+    InstanceNotFound,
+    InstanceState,
+    RunningInstance,
+)
+
+__all__ = ["STEPS", "FaultKind", "SimConfig", "SimDriver"]
+
+# The steps of each operation, in order; latency and faults are configured per step.
+STEPS: dict[str, tuple[str, ...]] = {
+    "spawn": ("create_disk", "define", "start"),
+    "destroy": ("stop", "undefine", "delete_disk"),
+    "reboot": ("stop", "start"),
+    "power_off": ("stop",),
+    "power_on": ("start",),
+    "read_disk": ("open", "read"),
+}
+
+
+class FaultKind(StrEnum):
+    """What an injected fault does when its step is reached."""
+
+    FAIL = "fail"  # raise DriverError: an orderly failure
+    HANG = "hang"  # block until `release_hangs()` or `close()`
+    CRASH = "crash"  # raise DriverCrashed: the outcome is unknown
+
+
+@dataclass
+class SimConfig:
+    """Latencies in seconds; `step_latency_s` keys are "op.step" or a bare "step"."""
+
+    step_latency_s: dict[str, float] = field(default_factory=dict)
+    slow_disk_s: float = 0.0  # every chunk read blocks this long, like a saturated disk
+    disk_bytes: int = 4 * 1024 * 1024
+    seed: int = 0
+
+
+@dataclass
+class _Fault:
+    kind: FaultKind
+    times_left: int
+
+
+@dataclass
+class _Instance:
+    pins: dict[int, int]
+    cells: list[int]
+    memory_mb: int
+    state: InstanceState
+    disk: Path
+
+
+class SimDriver:
+    """A `Driver` for tests and the all-in-one cloud; thread-safe.
+
+    Disks are real files in `disk_dir` (a temporary directory unless given), so snapshot
+    reads do real IO; `slow_disk_s` adds a blocking sleep per chunk on top.
+    """
+
+    def __init__(self, config: SimConfig | None = None, disk_dir: Path | None = None) -> None:
+        self.config = config or SimConfig()
+        self._own_dir = disk_dir is None
+        self.disk_dir = (
+            Path(tempfile.mkdtemp(prefix="stowage-sim-")) if disk_dir is None else disk_dir
+        )
+        self.disk_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._instances: dict[str, _Instance] = {}
+        self._faults: dict[tuple[str, str], _Fault] = {}
+        self._release = threading.Event()
+        self._rng = random.Random(self.config.seed)
+        self.calls: list[tuple[str, str]] = []  # (operation, instance_id), in call order
+
+    # -- fault injection -------------------------------------------------------------
+
+    def inject(self, operation: str, step: str, kind: FaultKind, times: int = 1) -> None:
+        """Make the next `times` runs of `operation`'s `step` fail, hang or crash."""
+        if step not in STEPS.get(operation, ()):
+            raise ValueError(f"{operation!r} has no step {step!r}; steps: {STEPS.get(operation)}")
+        with self._lock:
+            self._faults[(operation, step)] = _Fault(kind, times)
+
+    def release_hangs(self) -> None:
+        """Let every hung step (and every later HANG fault) return, failing with an error."""
+        self._release.set()
+
+    def close(self) -> None:
+        """Release hung steps and delete the disk directory if this driver created it."""
+        self.release_hangs()
+        if self._own_dir:
+            shutil.rmtree(self.disk_dir, ignore_errors=True)
+
+    # -- Driver ----------------------------------------------------------------------
+
+    def spawn(
+        self, instance_id: str, pins: dict[int, int], cells: list[int], memory_mb: int
+    ) -> None:
+        self._record("spawn", instance_id)
+        with self._lock:
+            if instance_id in self._instances:
+                raise DriverError(f"instance {instance_id} already exists", code="virt.exists")
+        disk = self.disk_dir / f"{instance_id}.img"
+        self._step("spawn", "create_disk")
+        with self._lock:
+            data = self._rng.randbytes(self.config.disk_bytes)
+        disk.write_bytes(data)
+        self._step("spawn", "define")
+        with self._lock:
+            self._instances[instance_id] = _Instance(
+                dict(pins), list(cells), memory_mb, InstanceState.SHUTOFF, disk
+            )
+        self._step("spawn", "start")
+        self._set_state(instance_id, InstanceState.RUNNING)
+
+    def destroy(self, instance_id: str) -> None:
+        self._record("destroy", instance_id)
+        inst = self._get(instance_id)
+        self._step("destroy", "stop")
+        self._set_state(instance_id, InstanceState.SHUTOFF)
+        self._step("destroy", "undefine")
+        with self._lock:
+            self._instances.pop(instance_id, None)
+        self._step("destroy", "delete_disk")
+        inst.disk.unlink(missing_ok=True)
+
+    def reboot(self, instance_id: str) -> None:
+        self._record("reboot", instance_id)
+        self._get(instance_id)
+        self._step("reboot", "stop")
+        self._set_state(instance_id, InstanceState.SHUTOFF)
+        self._step("reboot", "start")
+        self._set_state(instance_id, InstanceState.RUNNING)
+
+    def power_off(self, instance_id: str) -> None:
+        self._record("power_off", instance_id)
+        self._get(instance_id)
+        self._step("power_off", "stop")
+        self._set_state(instance_id, InstanceState.SHUTOFF)
+
+    def power_on(self, instance_id: str) -> None:
+        self._record("power_on", instance_id)
+        self._get(instance_id)
+        self._step("power_on", "start")
+        self._set_state(instance_id, InstanceState.RUNNING)
+
+    def running(self) -> dict[str, RunningInstance]:
+        with self._lock:
+            return {
+                iid: RunningInstance(pins=dict(inst.pins), state=inst.state)
+                for iid, inst in self._instances.items()
+            }
+
+    def read_disk(self, instance_id: str, chunk_bytes: int) -> Iterator[bytes]:
+        if chunk_bytes <= 0:
+            raise ValueError("chunk_bytes must be positive")
+        self._record("read_disk", instance_id)
+        disk = self._get(instance_id).disk
+        self._step("read_disk", "open")
+        # A generator would defer the checks above to the first next(); return one instead.
+        return self._chunks(disk, chunk_bytes)
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _chunks(self, disk: Path, chunk_bytes: int) -> Iterator[bytes]:
+        with disk.open("rb") as f:
+            while True:
+                self._step("read_disk", "read")
+                if self.config.slow_disk_s > 0:
+                    time.sleep(self.config.slow_disk_s)  # a saturated disk: the read blocks
+                chunk = f.read(chunk_bytes)
+                if not chunk:
+                    return
+                yield chunk
+
+    def _record(self, operation: str, instance_id: str) -> None:
+        with self._lock:
+            self.calls.append((operation, instance_id))
+
+    def _get(self, instance_id: str) -> _Instance:
+        with self._lock:
+            inst = self._instances.get(instance_id)
+        if inst is None:
+            raise InstanceNotFound(f"instance {instance_id} is not on this host")
+        return inst
+
+    def _set_state(self, instance_id: str, state: InstanceState) -> None:
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            if inst is not None:
+                inst.state = state
+
+    def _step(self, operation: str, step: str) -> None:
+        """Sleep the step's latency, then apply an injected fault if one is armed."""
+        latency = self.config.step_latency_s
+        delay_s = latency.get(f"{operation}.{step}", latency.get(step, 0.0))
+        if delay_s > 0:
+            time.sleep(delay_s)
+        fault = self._take_fault(operation, step)
+        if fault is None:
+            return
+        where = f"{operation}.{step}"
+        if fault is FaultKind.FAIL:
+            raise DriverError(f"injected failure at {where}", code="virt.sim.injected")
+        if fault is FaultKind.CRASH:
+            raise DriverCrashed(f"injected crash at {where}")
+        self._release.wait()
+        raise DriverError(f"hung step {where} released", code="virt.sim.released")
+
+    def _take_fault(self, operation: str, step: str) -> FaultKind | None:
+        with self._lock:
+            fault = self._faults.get((operation, step))
+            if fault is None:
+                return None
+            fault.times_left -= 1
+            if fault.times_left <= 0:
+                del self._faults[(operation, step)]
+            return fault.kind
