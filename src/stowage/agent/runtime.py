@@ -301,9 +301,10 @@ class Agent:
 
     async def _beat(self) -> None:
         try:
-            await asyncio.wait_for(
-                self._in_pool(self._hb_pool, self._heartbeat), self.config.heartbeat_timeout_s
-            )
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that races with the result, and stop() would then wait forever.
+            async with asyncio.timeout(self.config.heartbeat_timeout_s):
+                await self._in_pool(self._hb_pool, self._heartbeat)
         except Exception:  # a failed heartbeat is reported, and the next one still goes out
             self.heartbeat_failures += 1
             log.exception("heartbeat failed")
