@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
+from stowage.services.caller import Caller
 
 if TYPE_CHECKING:
     from stowage.ledger.objects import Document
@@ -129,16 +130,6 @@ HASH_ALGO = "sha512"
 # One upload per image at a time in this process; the status column tells other readers.
 _uploads_lock = threading.Lock()
 _uploads: set[str] = set()
-
-
-class Caller(Protocol):
-    """Who asks: the API's Context satisfies this, and so can any caller inside the cloud."""
-
-    @property
-    def project_id(self) -> str: ...
-
-    @property
-    def is_admin(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)

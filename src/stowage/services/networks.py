@@ -22,9 +22,10 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
+from stowage.services.caller import Caller
 
 if TYPE_CHECKING:
     from stowage.services.cloud import Cloud
@@ -72,16 +73,6 @@ MAC_PREFIX = "fa:16:3e"
 _NAMESPACE = uuid.UUID("6a1d5c0e-9d1b-4a55-8f1e-2a63c1f0b7aa")
 # One address decision at a time in this process; the claim documents guard across processes.
 _ipam_lock = threading.Lock()
-
-
-class Caller(Protocol):
-    """Who asks: the API's Context satisfies this."""
-
-    @property
-    def project_id(self) -> str: ...
-
-    @property
-    def is_admin(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
