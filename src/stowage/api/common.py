@@ -20,6 +20,7 @@ __all__ = [
     "ErrorStyle",
     "install_common",
     "json_body",
+    "parse_limit",
 ]
 
 
@@ -194,6 +195,19 @@ def install_common(app: FastAPI, style: ErrorStyle, *, extra_headers: bool = Fal
             f"Invalid input for field/attribute {where}: {first.get('msg', 'invalid')}",
             None,
         )
+
+
+def parse_limit(raw: str | None, *, maximum: int) -> int | None:
+    """A `limit` query parameter as nova and glance read it: None when absent, capped."""
+    if raw is None:
+        return None
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise ApiError(400, "limit param must be an integer") from None
+    if limit < 0:
+        raise ApiError(400, "limit param must be positive")
+    return min(limit, maximum)
 
 
 async def json_body(request: Request, *, required: bool = True) -> Any:

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from stowage.api.auth import cloud_of, require_admin, require_context
-from stowage.api.common import ApiError, Context, json_body
+from stowage.api.common import ApiError, Context, json_body, parse_limit
 from stowage.api.compute.microversion import mv
 from stowage.domain.errors import ConflictError, InvalidSpec
 from stowage.ledger.objects import Document
@@ -114,16 +114,7 @@ def _int_filter(request: Request, name: str) -> int | None:
 
 
 def _limit(request: Request) -> int | None:
-    raw = request.query_params.get("limit")
-    if raw is None:
-        return None
-    try:
-        limit = int(raw)
-    except ValueError:
-        raise ApiError(400, "limit param must be an integer") from None
-    if limit < 0:
-        raise ApiError(400, "limit param must be positive")
-    return min(limit, _MAX_LIMIT)
+    return parse_limit(request.query_params.get("limit"), maximum=_MAX_LIMIT)
 
 
 def _sort_value(body: Mapping[str, Any], doc: Document, key: str) -> Any:

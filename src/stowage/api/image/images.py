@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 
 from stowage.api.auth import cloud_of, require_context, require_writer
-from stowage.api.common import ApiError, Context, json_body
+from stowage.api.common import ApiError, Context, json_body, parse_limit
 from stowage.api.image.schemas import image_schema, images_schema
 from stowage.services import images as svc
 
@@ -55,15 +55,8 @@ def _json(body: Any, status: int = 200) -> JSONResponse:
 
 
 def _limit(raw: str | None) -> int:
-    if raw is None:
-        return LIMIT_DEFAULT
-    try:
-        limit = int(raw)
-    except ValueError:
-        raise ApiError(400, "limit param must be an integer") from None
-    if limit < 0:
-        raise ApiError(400, "limit param must be positive")
-    return min(limit, LIMIT_MAX)
+    limit = parse_limit(raw, maximum=LIMIT_MAX)
+    return LIMIT_DEFAULT if limit is None else limit
 
 
 def _sort(items: list[tuple[str, str]]) -> list[tuple[str, str]]:
