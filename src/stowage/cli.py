@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -137,6 +137,26 @@ def up(
         typer.Option("--topology", help="YAML file describing the hosts (see README)."),
     ] = None,
     db: DbUrl = None,
+    op_timeout: Annotated[
+        float, typer.Option("--op-timeout", help="Seconds an agent has to answer one step.")
+    ] = 10.0,
+    live_migration_seconds: Annotated[
+        float,
+        typer.Option("--live-migration-seconds", help="Simulated memory copy of a live migration."),
+    ] = 0.0,
+    resize_confirm_window: Annotated[
+        float,
+        typer.Option(
+            "--resize-confirm-window", help="Confirm resizes after this many seconds (0: never)."
+        ),
+    ] = 0.0,
+    heartbeat_interval: Annotated[
+        float, typer.Option("--heartbeat-interval", help="Seconds between agent heartbeats.")
+    ] = 10.0,
+    service_down_time: Annotated[
+        float,
+        typer.Option("--service-down-time", help="Seconds without a heartbeat: service down."),
+    ] = 60.0,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import uvicorn
@@ -153,7 +173,17 @@ def up(
             "running? Stop it, or pass --port."
         )
         raise typer.Exit(1)
-    config = CloudConfig(state_dir=state_dir.resolve(), host=host, port=port, hosts=hosts)
+    config = CloudConfig(
+        state_dir=state_dir.resolve(),
+        host=host,
+        port=port,
+        hosts=hosts,
+        op_timeout_s=op_timeout,
+        live_migration_s=live_migration_seconds,
+        resize_confirm_window_s=resize_confirm_window,
+        heartbeat_interval_s=heartbeat_interval,
+        service_down_time_s=service_down_time,
+    )
     if topology is not None:
         from stowage.domain.errors import InvalidSpec
         from stowage.services.topology_file import load_topology
@@ -175,6 +205,117 @@ def up(
     server.run()
     cloud.ledger.close()
     console.print("Stowage stopped.")
+
+
+BusUrl = Annotated[
+    str, typer.Option("--bus", help="RabbitMQ URL of the bus between services and agents.")
+]
+DEFAULT_BUS = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def _production_cloud(state_dir: Path, db: str | None, **settings: Any) -> Any:
+    """The shared cloud of the production processes: no simulated hosts of its own."""
+    from stowage.services.cloud import CloudConfig
+    from stowage.services.runtime import open_cloud
+
+    if not db:
+        err.print("[red]--db is required[/red]: the processes share one ledger (PostgreSQL).")
+        raise typer.Exit(2)
+    config = CloudConfig(state_dir=state_dir.resolve(), hosts=0, **settings)
+    return open_cloud(config, db_url=db)
+
+
+@app.command("api")
+def api_process(
+    state_dir: StateDir = Path(".stowage"),
+    db: DbUrl = None,
+    port: Annotated[int, typer.Option(help="Port for every API.")] = 8880,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    bus: BusUrl = DEFAULT_BUS,
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
+) -> None:
+    """Production: the APIs only (conductor and agents run as their own processes)."""
+    import os
+
+    import uvicorn
+
+    from stowage.services.runtime import write_clouds_yaml
+
+    cloud = _production_cloud(state_dir, db, host=host, port=port)
+    write_clouds_yaml(cloud.config)
+    cloud.ledger.close()
+    os.environ["STOWAGE_API_STATE_DIR"] = str(state_dir.resolve())
+    os.environ["STOWAGE_API_DB"] = db or ""
+    os.environ["STOWAGE_API_BUS"] = bus
+    os.environ["STOWAGE_API_BASE"] = f"{host}:{port}"
+    console.print(f"Stowage APIs at http://{host}:{port} ({workers} worker(s)).")
+    uvicorn.run(
+        "stowage.api.app:production_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+    )
+
+
+@app.command("conductor")
+def conductor_process(
+    state_dir: StateDir = Path(".stowage"),
+    db: DbUrl = None,
+    bus: BusUrl = DEFAULT_BUS,
+    op_timeout: Annotated[float, typer.Option("--op-timeout")] = 10.0,
+) -> None:
+    """Production: drive operations through the agents (run several for more throughput)."""
+    import asyncio
+
+    from stowage.agent.processes import run_conductor, run_until_signal
+
+    cloud = _production_cloud(state_dir, db, op_timeout_s=op_timeout)
+    console.print("conductor running")
+    asyncio.run(run_until_signal(lambda stop: run_conductor(cloud, bus, stop)))
+    cloud.ledger.close()
+
+
+@app.command("agent")
+def agent_process(
+    host_name: Annotated[str, typer.Option("--host", help="This compute host's name.")],
+    driver: Annotated[str, typer.Option("--driver", help="sim or libvirt.")] = "sim",
+    state_dir: StateDir = Path(".stowage"),
+    db: DbUrl = None,
+    bus: BusUrl = DEFAULT_BUS,
+    libvirt_uri: Annotated[str, typer.Option("--libvirt-uri")] = "qemu:///system",
+    topology: Annotated[
+        Path | None, typer.Option("--topology", help="YAML with this host (see README).")
+    ] = None,
+    heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval")] = 10.0,
+) -> None:
+    """Production: one host's compute agent (registers the host, heartbeats, runs its work)."""
+    import asyncio
+
+    from stowage.agent.processes import make_driver, run_agent, run_until_signal
+    from stowage.services.cloud import default_hosts
+
+    cloud = _production_cloud(state_dir, db, heartbeat_interval_s=heartbeat_interval)
+    spec = default_hosts(1)[0]
+    if topology is not None:
+        from stowage.services.topology_file import load_topology
+
+        named = [h for h in load_topology(topology) if h.name == host_name]
+        if not named:
+            err.print(f"[red]{topology} describes no host {host_name}[/red]")
+            raise typer.Exit(2)
+        spec = named[0]
+    else:
+        from dataclasses import replace
+
+        spec = replace(spec, name=host_name)
+    the_driver = make_driver(
+        driver, spec, state_dir.resolve() / "agents" / host_name, libvirt_uri=libvirt_uri
+    )
+    console.print(f"agent of {host_name} ({driver}) running")
+    asyncio.run(run_until_signal(lambda stop: run_agent(cloud, spec, the_driver, bus, stop)))
+    cloud.ledger.close()
 
 
 host_app = typer.Typer(help="Whole-host operations on a running cloud.")
@@ -216,6 +357,112 @@ def _admin_session(state_dir: Path) -> tuple[str, dict[str, str]]:
     return f"{base}/compute/v2.1", {"X-Auth-Token": response.headers["x-subject-token"]}
 
 
+sim_app = typer.Typer(help="Control the simulated hypervisors of a running `stowage up`.")
+app.add_typer(sim_app, name="sim")
+
+
+def _sim_action(state_dir: Path, host: str, action: str, args: dict[str, object]) -> None:
+    import httpx
+
+    compute, headers = _admin_session(state_dir)
+    response = httpx.post(
+        f"{compute}/os-stowage-sim/{host}/action", json={action: args}, headers=headers, timeout=60
+    )
+    _fail_on_error(response)
+    agent = response.json()["host"]
+    state = "running" if agent["running"] else "stopped"
+    console.print(f"{host}: agent {state}, {len(agent['instances'])} instance(s)", markup=False)
+
+
+def _fail_on_error(response: object) -> None:
+    import httpx
+
+    assert isinstance(response, httpx.Response)
+    if response.status_code >= 400:
+        fault: dict[str, object] = next(iter(response.json().values()), {})
+        err.print(f"[red]{response.status_code}[/red]: {fault.get('message', response.text)}")
+        raise typer.Exit(1)
+
+
+@sim_app.command("stop")
+def sim_stop(host: str, state_dir: StateDir = Path(".stowage")) -> None:
+    """Stop HOST's agent: no heartbeats, no operations (like `systemctl stop nova-compute`)."""
+    _sim_action(state_dir, host, "stop", {})
+
+
+@sim_app.command("start")
+def sim_start(host: str, state_dir: StateDir = Path(".stowage")) -> None:
+    """Start HOST's agent again: it heartbeats and runs what waited for it."""
+    _sim_action(state_dir, host, "start", {})
+
+
+@sim_app.command("fault")
+def sim_fault(
+    host: str,
+    operation: Annotated[str, typer.Argument(help="spawn, destroy, reboot, power_off, ...")],
+    step: Annotated[str, typer.Argument(help="The step of OPERATION, e.g. define or start.")],
+    action: Annotated[str, typer.Option("--action", help="fail, hang or crash.")] = "fail",
+    times: Annotated[int, typer.Option("--times", help="How many runs it hits.")] = 1,
+    state_dir: StateDir = Path(".stowage"),
+) -> None:
+    """Make STEP of OPERATION on HOST fail, hang or crash the agent."""
+    args: dict[str, object] = {"operation": operation, "step": step, "action": action}
+    args["times"] = times
+    _sim_action(state_dir, host, "fault", args)
+
+
+@sim_app.command("slow-disk")
+def sim_slow_disk(
+    host: str,
+    seconds: Annotated[float, typer.Option("--seconds", help="Each disk read blocks this long.")],
+    state_dir: StateDir = Path(".stowage"),
+) -> None:
+    """Make every read of HOST's disk block for SECONDS, like a saturated disk."""
+    _sim_action(state_dir, host, "slow-disk", {"seconds": seconds})
+
+
+@sim_app.command("clear")
+def sim_clear(host: str, state_dir: StateDir = Path(".stowage")) -> None:
+    """Remove HOST's faults and disk slowness; hung steps return with an error."""
+    _sim_action(state_dir, host, "clear", {})
+
+
+@sim_app.command("show")
+def sim_show(
+    state_dir: StateDir = Path(".stowage"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """What each simulated hypervisor runs, with pins, and whether its agent runs."""
+    import json
+
+    import httpx
+    from rich.table import Table
+
+    compute, headers = _admin_session(state_dir)
+    response = httpx.get(f"{compute}/os-stowage-sim", headers=headers, timeout=60)
+    _fail_on_error(response)
+    hosts = response.json()["hosts"]
+    if as_json:
+        typer.echo(json.dumps(hosts, indent=2))
+        return
+    table = Table("host", "agent", "service", "instance", "state", "pins (vCPU:pCPU)")
+    table.columns[3].overflow = "fold"
+    for agent in hosts:
+        state = "running" if agent["running"] else "stopped"
+        service = "up" if agent.get("service_up") else "down"
+        rows = agent["instances"] or {"-": {"state": "", "pins": {}}}
+        for instance_id, inst in rows.items():
+            pins = (
+                " ".join(
+                    f"{v}:{c}" for v, c in sorted(inst["pins"].items(), key=lambda x: int(x[0]))
+                )
+                if inst["pins"]
+                else ""
+            )
+            table.add_row(agent["host"], state, service, instance_id, inst["state"], pins)
+    console.print(table)
+
+
 @host_app.command("evacuate")
 def host_evacuate(host: str, state_dir: StateDir = Path(".stowage")) -> None:
     """Re-plan every instance of a down HOST together; report where each went or why not."""
@@ -238,6 +485,61 @@ def host_evacuate(host: str, state_dir: StateDir = Path(".stowage")) -> None:
         else:
             console.print(f"{item['server_id']}: {item['status']} on {item['host']}", markup=False)
     if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def capacity(
+    fail_host: Annotated[
+        str, typer.Option("--fail-host", help="The host to treat as failed.", show_default=False)
+    ],
+    state_dir: StateDir = Path(".stowage"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
+) -> None:
+    """What if FAIL_HOST failed: where each of its instances would go, how many more of each
+    flavor fit. Changes nothing; exit 1 when some instance would not find a place."""
+    import json
+
+    import httpx
+    from rich.table import Table
+    from rich.text import Text
+
+    compute, headers = _admin_session(state_dir)
+    response = httpx.get(
+        f"{compute}/os-stowage-capacity",
+        params={"fail_host": fail_host},
+        headers=headers,
+        timeout=300,
+    )
+    if response.status_code >= 400:
+        fault: dict[str, object] = next(iter(response.json().values()), {})
+        err.print(f"[red]{response.status_code}[/red]: {fault.get('message', response.text)}")
+        raise typer.Exit(2)
+    report = response.json()["capacity"]
+    if as_json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        placed = Table(title=f"Instances of {fail_host}, re-planned together")
+        for column in ("server", "name", "flavor", "destination"):
+            placed.add_column(column)
+        for item in report["instances"]:
+            where = (
+                Text(item["host"]) if item["host"] else Text(f"nowhere: {item['reason']}", "red")
+            )
+            placed.add_row(Text(item["server_id"]), Text(item["name"]), Text(item["flavor"]), where)
+        console.print(placed)
+        room = Table(title=f"Room left without {fail_host}")
+        room.add_column("flavor")
+        room.add_column("more that fit", justify="right")
+        for item in report["flavors"]:
+            count = f"{item['count']}+" if item["capped"] else str(item["count"])
+            room.add_row(Text(item["name"]), count)
+        console.print(room)
+        fits = report["fits"]
+        console.print(
+            "everything fits" if fits else "not everything fits", style="green" if fits else "red"
+        )
+    if not report["fits"]:
         raise typer.Exit(1)
 
 

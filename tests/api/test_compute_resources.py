@@ -339,12 +339,27 @@ def test_server_groups_through_the_cli_and_the_ledger(cloud: RunningCloud, ledge
     assert refused.returncode != 0 and "rules" in refused.stderr
     names = {r["Name"] for r in cloud.osc_json("server", "group", "list")}
     assert {anti, ruled} <= names
-    # Members come from the ledger, where the claim path records them.
+    # Members come from the ledger, where the claim path records them (for servers that exist).
     member_id = str(uuid.uuid4())
     with ledger.begin() as conn:
         conn.execute(insert(group_members), {"group_id": group["id"], "instance_id": member_id})
+        conn.execute(
+            insert(objects),
+            {
+                "kind": "instance",
+                "id": member_id,
+                "project_id": "",
+                "name": "member",
+                "created_at": 0.0,
+                "updated_at": 0.0,
+                "body": "{}",
+            },
+        )
     shown = cloud.osc_json("server", "group", "show", anti)
     assert shown["members"] == [member_id]
+    with ledger.begin() as conn:  # the stand-in server goes: a deleted server is no member
+        conn.execute(delete(objects).where(objects.c.kind == "instance", objects.c.id == member_id))
+    assert cloud.osc_json("server", "group", "show", anti)["members"] == []
     cloud.osc("server", "group", "delete", anti, ruled)
     with ledger.connect() as conn:
         left = conn.execute(

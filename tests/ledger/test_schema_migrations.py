@@ -123,16 +123,17 @@ def test_a_ledger_with_claims_upgrades_from_the_first_schema_intact(engine: Engi
     """Every revision after 0001 applies to a ledger in use: claims and usage survive."""
     from stowage.domain.claims import Claim
     from stowage.domain.flavor import Flavor, shape_of
-    from stowage.domain.numa import fit_instance
+    from stowage.domain.numa import HostFree, fit_instance
     from stowage.domain.topology import ResourceClass
 
     migrate(engine, "0001")
     ledger = Ledger(engine)
     topology = HostTopology.uniform(cells=2, cores_per_cell=4, threads_per_core=2)
     host_id = ledger.register_host(HostSpec("old-host", topology))
-    view = ledger.load_view()
+    # A fresh host has all of it free (no view: today's code reads columns 0001 lacks).
+    free = HostFree(topology.cpu_dedicated_set, {c.id: c.memory_mb for c in topology.cells})
     shape = shape_of(Flavor("pinned", 2, 1024, 10, {"hw:cpu_policy": "dedicated"}))
-    fit = fit_instance(shape, topology, view.hosts[host_id].free)
+    fit = fit_instance(shape, topology, free)
     assert not isinstance(fit, str) and hasattr(fit, "cpus")
     amounts = dict(shape.amounts())
     amounts[ResourceClass.PCPU] = len(fit.cpus)  # type: ignore[union-attr]

@@ -169,6 +169,10 @@ class Agent:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def forget(self) -> None:
+        """Drop every remembered operation, as a restarted agent process would."""
+        self._ops.clear()
+
     # -- figures ---------------------------------------------------------------------
 
     @property

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
-from starlette.routing import Mount
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from stowage.api.common import (
+    ErrorStyle,
+    compute_error,
+    identity_error,
+    image_error,
+    network_error,
+    placement_error,
+)
 from stowage.api.compute import create_compute_app
 from stowage.api.identity import create_identity_app
 from stowage.api.image import create_image_app
@@ -36,28 +48,96 @@ class _BarePrefix:
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
-    """Until compute agents run (their own issue), the simulated hosts heartbeat from here."""
+    """The all-in-one cloud runs its agents, bus and conductor beside the APIs."""
     cloud: Cloud = app.state.cloud
+    local = None
+    bus_url = getattr(app.state, "bus_url", None)
+    if bus_url:
+        from stowage.bus.rabbit import RabbitTransport
 
-    async def beat() -> None:
+        cloud.bus = await RabbitTransport.connect(bus_url)
+    if app.state.local_compute:
+        from stowage.agent.local import LocalCompute
+
+        local = LocalCompute(cloud)
+        cloud.bus = await asyncio.to_thread(local.start_thread)
+        app.state.metrics = local.metrics
+
+    async def prune() -> None:
         while True:
-            await asyncio.to_thread(cloud.ledger.heartbeat)
             await asyncio.to_thread(cloud.ledger.prune_changes)
-            await asyncio.sleep(cloud.config.heartbeat_interval_s)
+            await asyncio.sleep(60.0)
 
-    task = asyncio.create_task(beat())
+    task = asyncio.create_task(prune())
     try:
         yield
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if local is not None:
+            await asyncio.to_thread(local.stop_thread)
+        elif cloud.bus is not None:
+            await cloud.bus.close()
+        cloud.bus = None
 
 
-def create_app(cloud: Cloud) -> ASGIApp:
+async def _metrics(request: Request) -> Response:
+    """Prometheus metrics of the agents this process runs."""
+    from stowage.agent.metrics import CONTENT_TYPE_LATEST, render
+
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is None:
+        return Response(b"", media_type=CONTENT_TYPE_LATEST)
+    return Response(render(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+_STYLES: dict[str, ErrorStyle] = {
+    "identity": identity_error,
+    "compute": compute_error,
+    "image": image_error,
+    "networking": network_error,
+    "placement": placement_error,
+}
+
+
+async def _unrouted(request: Request, exc: Exception) -> Response:
+    """A path no service took (an unknown prefix, a newline in an id): JSON with a request id,
+    in the shape of the service its first segment names."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 404
+    message = "The resource could not be found." if status == 404 else str(exc)
+    rid = request.headers.get("x-openstack-request-id") or f"req-{uuid.uuid4()}"
+    style = _STYLES.get(request.url.path.strip("/").split("/", 1)[0], identity_error)
+    return JSONResponse(
+        style(status, message, None, rid),
+        status_code=status,
+        headers={"x-openstack-request-id": rid},
+    )
+
+
+def production_app() -> ASGIApp:
+    """`stowage api`'s app in each worker process: the shared ledger, no local compute."""
+    import os
+    from pathlib import Path
+
+    from stowage.services.cloud import CloudConfig
+    from stowage.services.runtime import open_cloud
+
+    address, port = os.environ["STOWAGE_API_BASE"].rsplit(":", 1)
+    config = CloudConfig(
+        state_dir=Path(os.environ["STOWAGE_API_STATE_DIR"]), hosts=0, host=address, port=int(port)
+    )
+    cloud = open_cloud(config, db_url=os.environ["STOWAGE_API_DB"])
+    return create_app(cloud, local_compute=False, bus_url=os.environ.get("STOWAGE_API_BUS"))
+
+
+def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None = None) -> ASGIApp:
+    """Every API; with `local_compute`, also one simulated agent per host and a conductor."""
     app = Starlette(
         lifespan=_lifespan,
+        exception_handlers={HTTPException: _unrouted},
         routes=[
+            Route("/metrics", _metrics),
             Mount("/identity", app=create_identity_app(cloud)),
             Mount("/compute", app=create_compute_app(cloud)),
             Mount("/image", app=create_image_app(cloud)),
@@ -66,4 +146,6 @@ def create_app(cloud: Cloud) -> ASGIApp:
         ],
     )
     app.state.cloud = cloud
+    app.state.local_compute = local_compute
+    app.state.bus_url = bus_url
     return _BarePrefix(app)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ __all__ = [
     "ErrorStyle",
     "install_common",
     "json_body",
+    "loads",
     "parse_limit",
 ]
 
@@ -210,6 +212,24 @@ def parse_limit(raw: str | None, *, maximum: int) -> int | None:
     return min(limit, maximum)
 
 
+def loads(raw: bytes) -> Any:
+    """JSON as a client may send it, or ValueError: no NaN or Infinity (no answer could echo
+    them), no lone surrogates (no answer could encode them), no nesting past Python's stack."""
+    try:
+        value = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise ValueError("a string is not valid Unicode") from None
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 async def json_body(request: Request, *, required: bool = True) -> Any:
     """The request's JSON, or a 400 in the service's shape."""
     raw = await request.body()
@@ -218,8 +238,6 @@ async def json_body(request: Request, *, required: bool = True) -> Any:
             raise ApiError(400, "The request body is missing or is not valid JSON.")
         return None
     try:
-        import json
-
-        return json.loads(raw)
+        return loads(raw)
     except ValueError:
         raise ApiError(400, "Malformed request body: not valid JSON.") from None

@@ -6,7 +6,7 @@ import json
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, select, update
@@ -187,11 +187,16 @@ class Ledger:
         forced_down: bool | None = None,
         last_seen: float | None = None,
         availability_zone: str | None = None,
+        aggregate_metadata: Mapping[str, Iterable[str]] | None = None,
     ) -> None:
         """Change what the scheduler reads about a host; every change is in the change log."""
         values: dict[str, Any] = {}
         if availability_zone is not None:
             values["availability_zone"] = availability_zone
+        if aggregate_metadata is not None:
+            values["aggregate_metadata"] = json.dumps(
+                {k: sorted(set(v)) for k, v in aggregate_metadata.items()}, sort_keys=True
+            )
         if disabled is not None:
             values["disabled"] = disabled
         if forced_down is not None:
@@ -810,6 +815,9 @@ class Ledger:
                 free=free,
                 availability_zone=row.availability_zone,
                 labels=json.loads(row.labels),
+                aggregate_metadata={
+                    k: frozenset(v) for k, v in json.loads(row.aggregate_metadata).items()
+                },
                 hypervisor_type=row.hypervisor_type,
                 architecture=row.architecture,
                 disabled=bool(row.disabled),

@@ -112,6 +112,56 @@ class ObjectStore:
         if not changed:
             raise NotFound(f"{kind} {id} could not be found")
 
+    def swap(self, kind: str, id: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+        """Replace a document only if it is still `old` (compare-and-swap); False if it moved.
+
+        Two requests that read the same instance and both decide to act on it: one wins.
+        """
+        with self.engine.begin() as conn:
+            return self.swap_in(conn, kind, id, old, new)
+
+    def swap_in(
+        self, conn: Connection, kind: str, id: str, old: Mapping[str, Any], new: Mapping[str, Any]
+    ) -> bool:
+        """`swap` inside a transaction the caller holds."""
+        return bool(
+            conn.execute(
+                update(objects)
+                .where(
+                    objects.c.kind == kind,
+                    objects.c.id == id,
+                    objects.c.body == json.dumps(dict(old), sort_keys=True),
+                )
+                .values(body=json.dumps(dict(new), sort_keys=True), updated_at=self.clock())
+            ).rowcount
+        )
+
+    def next_number(self, counter: str, first: Callable[[], int] = lambda: 1) -> int:
+        """The next value of a named counter, unique across processes; `first` starts it."""
+        while True:
+            found = self.find("counter", counter)
+            if found is None:
+                start = first()
+                try:
+                    self.create("counter", counter, {"value": start})
+                except ConflictError:
+                    continue
+                return start
+            value = int(found.body["value"]) + 1
+            if self.swap("counter", counter, found.body, {"value": value}):
+                return value
+
+    def rename_in(self, conn: Connection, kind: str, id: str, name: str) -> None:
+        conn.execute(
+            update(objects).where(objects.c.kind == kind, objects.c.id == id).values(name=name)
+        )
+
+    def delete_in(self, conn: Connection, kind: str, id: str) -> bool:
+        """Delete a document inside a transaction the caller holds."""
+        return bool(
+            conn.execute(delete(objects).where(objects.c.kind == kind, objects.c.id == id)).rowcount
+        )
+
     def find(self, kind: str, id: str) -> Document | None:
         with self.engine.connect().execution_options(**READONLY) as conn:
             row = conn.execute(

@@ -31,6 +31,7 @@ __all__ = [
     "metadata",
     "numa_claims",
     "objects",
+    "operations",
     "pcpus",
     "pins",
     "server_groups",
@@ -53,6 +54,9 @@ hosts = Table(
     Column("name", String(255), nullable=False, unique=True),
     Column("availability_zone", String(255), nullable=False, default="nova"),
     Column("labels", Text, nullable=False, default="{}"),  # JSON object of str -> str
+    # JSON object of key -> sorted values: the metadata of every aggregate the host is in,
+    # synced by the compute API so the scheduler reads it with the host (one change row).
+    Column("aggregate_metadata", Text, nullable=False, server_default="{}"),
     Column("hypervisor_type", String(64), nullable=False, default="sim"),
     Column("architecture", String(32), nullable=False, default="x86_64"),
     Column("topology", Text, nullable=False),  # JSON: cells, siblings, CPU sets
@@ -232,7 +236,7 @@ objects = Table(
     "objects",
     metadata,
     Column("kind", String(32), nullable=False),
-    Column("id", String(64), nullable=False),
+    Column("id", String(255), nullable=False),  # Nova's flavor ids go up to 255
     Column("project_id", String(64), nullable=True),
     Column("name", String(255), nullable=True),
     Column("created_at", Float, nullable=False),
@@ -242,4 +246,33 @@ objects = Table(
     Index("ix_objects_kind_name", "kind", "name"),
     Index("ix_objects_kind_project", "kind", "project_id"),
     Index("ix_objects_kind_created", "kind", "created_at", "id"),
+)
+
+# The conductor's durable work: one row per long operation (a build, a power action, a move,
+# a snapshot, a clean-up on a host). A step's agent call is keyed by "<id>:<step>", so a
+# resumed or redelivered step is recognised by the agent. `owner`/`lease_until` let several
+# conductors share the table; a crashed conductor's lease runs out and another resumes.
+operations = Table(
+    "operations",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("instance_id", String(64), nullable=False),
+    Column("host", String(255), nullable=False),  # the agent the next step talks to
+    Column("migration_id", String(64), nullable=True),
+    Column("state", String(16), nullable=False),  # pending, unknown, done, failed
+    Column("step", String(32), nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("result", Text, nullable=True),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("next_at", Float, nullable=False),
+    Column("owner", String(64), nullable=True),
+    Column("lease_until", Float, nullable=True),
+    CheckConstraint(
+        "state IN ('pending', 'unknown', 'done', 'failed')", name="ck_operations_state"
+    ),
+    Index("ix_operations_state_next", "state", "next_at"),
+    Index("ix_operations_instance", "instance_id"),
 )

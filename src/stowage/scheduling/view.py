@@ -95,6 +95,13 @@ class View:
         self.host_groups[host.id] = contribution
         self._apply_groups(host.id, contribution, +1)
 
+    def remove_host(self, host_id: int) -> None:
+        """Forget a host and what it contributes to groups (a what-if of its failure)."""
+        old = self.host_groups.pop(host_id, None)
+        if old is not None:
+            self._apply_groups(host_id, old, -1)
+        self.hosts.pop(host_id, None)
+
     def _apply_groups(self, host_id: int, part: HostGroups, sign: int) -> None:
         for group_id, count in part.members.items():
             state = self.groups.get(group_id)

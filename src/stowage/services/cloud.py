@@ -9,11 +9,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from stowage.domain.errors import NotFound
 from stowage.domain.topology import HostSpec, HostTopology
 from stowage.ledger.ledger import Ledger
 from stowage.ledger.objects import Document, ObjectStore
+from stowage.ledger.operations import Operations
 from stowage.services.images import bootstrap_images
 from stowage.services.networks import bootstrap_networks
 from stowage.services.scheduler import Scheduler
@@ -22,7 +24,8 @@ from stowage.services.tokens import Tokens, hash_password, verify_password
 __all__ = ["Cloud", "CloudConfig", "bootstrap"]
 
 DEFAULT_DOMAIN = "default"
-ROLES = ("admin", "member", "reader", "manager")
+# "service" as devstack adds it: the role services (and Tempest) call service-only APIs with.
+ROLES = ("admin", "member", "reader", "manager", "service")
 
 # devstack's flavors, plus a pinned one for the seed scenarios.
 DEFAULT_FLAVORS: tuple[tuple[str, str, int, int, int, dict[str, str]], ...] = (
@@ -49,6 +52,11 @@ class CloudConfig:
     service_down_time_s: float = 60.0
     heartbeat_interval_s: float = 10.0
     topology: list[HostSpec] = field(default_factory=list)
+    api_wait_s: float = 5.0  # how long an API request waits for its operation to finish
+    op_timeout_s: float = 10.0  # one agent call; past it the outcome is unknown
+    live_migration_s: float = 0.0  # the simulated memory copy of a live migration
+    resize_confirm_window_s: float = 0.0  # 0: resizes wait for an explicit confirm
+    sim_step_s: float = 0.0  # latency of every simulated hypervisor step
 
     @property
     def base_url(self) -> str:
@@ -69,6 +77,11 @@ class Cloud:
         self.scheduler = Scheduler(ledger, clock=clock)
         # One scheduling decision cycle at a time per process; several processes may still race.
         self.schedule_lock = threading.Lock()
+        self.operations = Operations(ledger.engine, clock=clock)
+        # Set by a running conductor: look for new work now rather than at the next poll.
+        self.kick: Callable[[], None] = lambda: None
+        # The bus to the agents (a Transport), where this process has one.
+        self.bus: Any = None
 
     # -- identity lookups -------------------------------------------------------------
 

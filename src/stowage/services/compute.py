@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 
 from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
 from stowage.domain.flavor import Flavor, InstanceShape, shape_of
@@ -266,9 +266,19 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
                     "details": exc.code,
                 }
             else:
-                _set_state(body, ACTIVE, task_state=None)
-                body["launched_at"] = time.time()
-        cloud.objects.update("instance", body["id"], body)
+                # The claim is committed; the host's agent spawns it (the conductor drives it).
+                _set_state(body, BUILD, task_state="spawning")
+        with cloud.ledger.engine.begin() as conn:
+            cloud.objects.update_in(conn, "instance", body["id"], body)
+            if body["status"] == BUILD.status:
+                cloud.operations.enqueue(
+                    "build",
+                    body["id"],
+                    body["host"],
+                    step="spawn",
+                    payload={"request_id": request_id},
+                    conn=conn,
+                )
         record_action(
             cloud,
             body["id"],
@@ -279,6 +289,7 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
             result="Error" if body["status"] == ERROR.status else "Success",
             message=body["fault"]["message"] if body.get("fault") else None,
         )
+    cloud.kick()
     return docs
 
 
@@ -314,6 +325,22 @@ def _allocate_addresses(cloud: Cloud, body: dict[str, Any], *, is_admin: bool) -
     return networks.addresses_of(cloud, body["id"])
 
 
+def _take(
+    cloud: Cloud,
+    conn: Connection,
+    instance_id: str,
+    before: Mapping[str, Any],
+    after: Mapping[str, Any],
+    action: str,
+) -> None:
+    """Mark the instance busy only if nobody changed it since it was read (one request wins)."""
+    if not cloud.objects.swap_in(conn, "instance", instance_id, before, after):
+        raise ConflictError(
+            f"Cannot '{action}' instance {instance_id}: another request changed it at the "
+            "same moment"
+        )
+
+
 def _set_state(body: dict[str, Any], state: InstanceState, *, task_state: str | None) -> None:
     body["status"] = state.status
     body["vm_state"] = state.vm_state
@@ -322,18 +349,73 @@ def _set_state(body: dict[str, Any], state: InstanceState, *, task_state: str | 
 
 
 def delete_server(cloud: Cloud, instance_id: str) -> None:
-    """Release every claim, free its ports, forget it. Safe to repeat."""
+    """Destroy on the host's agent, then release every claim and forget it. Safe to repeat.
+
+    An instance with no host, or on a host whose service is down, is deleted at once (Nova's
+    "local delete"), and its host destroys it when it comes back: its clean-up runs there
+    before anything new does.
+    """
+    from stowage.services.migrations import host_is_up
+
     doc = cloud.objects.find("instance", instance_id)
     if doc is None:
         raise NotFound(f"Instance {instance_id} could not be found.")
     if doc.body.get("locked"):
         raise ConflictError(f"Instance {instance_id} is locked")
-    cloud.ledger.release(instance_id)
+    ops = cloud.operations
+    pending = ops.active(instance_id=instance_id)
+    if any(op.kind == "delete" for op in pending):
+        return  # already being deleted
+    host = doc.body.get("host")
+    hosts_touched = {op.host for op in pending} | ({host} if host else set())
+    # A delete overtakes the instance's other operations; each place it might be is cleaned.
+    with cloud.ledger.engine.begin() as conn:
+        for op in pending:
+            ops.advance(conn, op.id, state="failed", result={"error": "deleted"})
+    if host and host_is_up(cloud, host):
+        body = dict(doc.body)
+        body["task_state"] = "deleting"
+        with cloud.ledger.engine.begin() as conn:
+            cloud.objects.update_in(conn, "instance", instance_id, body)
+            ops.enqueue("delete", instance_id, host, step="destroy", conn=conn)
+            for other in sorted(hosts_touched - {host}):
+                ops.enqueue("cleanup", instance_id, other, step="destroy", conn=conn)
+        _release_migrations(cloud, instance_id)
+        cloud.kick()
+        return
+
+    def gone(conn: Connection) -> None:
+        cloud.objects.delete_in(conn, "instance", instance_id)
+        for other in sorted(hosts_touched):
+            ops.enqueue("cleanup", instance_id, other, step="destroy", conn=conn)
+
+    _release_migrations(cloud, instance_id)
+    cloud.ledger.release(instance_id, also=gone)
     networks.release_ports(cloud, instance_id)
-    cloud.objects.delete("instance", instance_id)
+    cloud.kick()
 
 
-def power_action(cloud: Cloud, instance_id: str, action: str, *, is_admin: bool) -> str:
+def _release_migrations(cloud: Cloud, instance_id: str) -> None:
+    """A deleted instance's moves end with it: their claims go, their records say so."""
+    for doc in cloud.objects.list("migration"):
+        record = dict(doc.body)
+        if record.get("instance_uuid") != instance_id or record.get("status") in _MOVE_ENDED:
+            continue
+        record["status"] = "failed"
+        record["reason"] = "the instance was deleted"
+
+        def write(conn: Connection, mid: str = doc.id, rec: dict[str, Any] = record) -> None:
+            cloud.objects.update_in(conn, "migration", mid, rec)
+
+        cloud.ledger.fail_migration(doc.id, also=write)
+
+
+_MOVE_ENDED = frozenset({"completed", "confirmed", "reverted", "failed", "cancelled", "done"})
+
+
+def power_action(
+    cloud: Cloud, instance_id: str, action: str, *, is_admin: bool, request_id: str = ""
+) -> str:
     """Apply a power action if the current status allows it; returns the action's name."""
     doc = cloud.objects.get("instance", instance_id)
     body = dict(doc.body)
@@ -345,10 +427,35 @@ def power_action(cloud: Cloud, instance_id: str, action: str, *, is_admin: bool)
             f"Cannot '{_ACTION_NAMES[action]}' instance {instance_id} while it is in "
             f"vm_state {body['vm_state']}"
         )
+    if cloud.operations.active(instance_id=instance_id):
+        raise ConflictError(
+            f"Cannot '{_ACTION_NAMES[action]}' instance {instance_id} while it is in "
+            f"task_state {body.get('task_state')}"
+        )
+    host = body.get("host")
+    if action in _ON_AGENT and host:
+        body["task_state"] = _ON_AGENT[action]
+        with cloud.ledger.engine.begin() as conn:
+            _take(cloud, conn, instance_id, doc.body, body, _ACTION_NAMES[action])
+            cloud.operations.enqueue(
+                "power",
+                instance_id,
+                host,
+                step="power",
+                payload={"action": action, "request_id": request_id},
+                conn=conn,
+            )
+        cloud.kick()
+        return _ACTION_NAMES[action]
+    # Pause and suspend have no step on the simulated hypervisor: the state is the record.
     if after is not None:
         _set_state(body, after, task_state=None)
     cloud.objects.update("instance", instance_id, body)
     return _ACTION_NAMES[action]
+
+
+# Power actions the host's agent carries out, with the task_state shown meanwhile.
+_ON_AGENT = {"os-stop": "powering-off", "os-start": "powering-on", "reboot": "rebooting"}
 
 
 def instance_topology(cloud: Cloud, instance_id: str) -> list[dict[str, Any]]:
@@ -400,33 +507,39 @@ def instance_hosts(cloud: Cloud) -> Mapping[int, str]:
     return _host_names(cloud)
 
 
-_SNAPSHOT_CHUNK_BYTES = 1 << 20
 _SNAPSHOTTABLE = frozenset({"ACTIVE", "SHUTOFF", "PAUSED", "SUSPENDED"})
 
 
 def snapshot_server(
-    cloud: Cloud, caller: Any, instance_id: str, name: str, metadata: Mapping[str, str]
+    cloud: Cloud,
+    caller: Any,
+    instance_id: str,
+    name: str,
+    metadata: Mapping[str, str],
+    request_id: str = "",
 ) -> str:
-    """createImage: a queued image at once, then the instance's disk data; all or nothing.
+    """createImage: a queued image at once; the host's agent streams the disk into it.
 
-    The simulated hypervisor's disk is the boot image's data, so that is what is copied.
-    (Streaming from the compute agent without blocking its loop comes with the agents.)
+    All or nothing: the image becomes active when every byte arrived, and is deleted when
+    the upload fails.
     """
     from stowage.services import images
 
-    body = cloud.objects.get("instance", instance_id).body
-    if body["status"] not in _SNAPSHOTTABLE:
+    body = dict(cloud.objects.get("instance", instance_id).body)
+    if body["status"] not in _SNAPSHOTTABLE or body.get("task_state") is not None:
         raise ConflictError(
             f"Cannot 'createImage' instance {instance_id} while it is in vm_state "
             f"{body['vm_state']}"
         )
+    if not body.get("host"):
+        raise ConflictError(f"Instance {instance_id} has no host to take a snapshot on.")
     base = images.find_image(cloud, body.get("image_id") or "") or {}
     created = images.create_image(
         cloud,
         caller,
         {
             "name": name,
-            "disk_format": base.get("disk_format") or "qcow2",
+            "disk_format": base.get("disk_format") or "raw",
             "container_format": base.get("container_format") or "bare",
             "visibility": "private",
             "image_type": "snapshot",
@@ -436,36 +549,50 @@ def snapshot_server(
             **{k: str(v) for k, v in metadata.items()},
         },
     )
-    source = images.image_file(cloud, base["id"]) if base.get("id") else None
-
-    def chunks() -> Iterator[bytes]:
-        if source is None or not source.exists():
-            return
-        with source.open("rb") as data:
-            while chunk := data.read(_SNAPSHOT_CHUNK_BYTES):
-                yield chunk
-
-    try:
-        images.store_image_bytes(cloud, caller, created["id"], chunks())
-    except BaseException:
-        # A snapshot is never left half-written: the image goes with the failed upload.
-        images.delete_image(cloud, caller, created["id"])
-        raise
+    before = dict(body)
+    body["task_state"] = "image_uploading"
+    with cloud.ledger.engine.begin() as conn:
+        _take(cloud, conn, instance_id, before, body, "createImage")
+        cloud.operations.enqueue(
+            "snapshot",
+            instance_id,
+            body["host"],
+            step="snapshot",
+            payload={
+                "image_id": created["id"],
+                "project_id": caller.project_id,
+                "request_id": request_id,
+            },
+            conn=conn,
+        )
+    cloud.kick()
     return str(created["id"])
 
 
 def rebuild_server(cloud: Cloud, instance_id: str, image_id: str, name: str | None) -> None:
     """Rebuild in place on the same host and claims, from another image."""
-    body = dict(cloud.objects.get("instance", instance_id).body)
+    before = cloud.objects.get("instance", instance_id).body
+    body = dict(before)
     if body["status"] not in {"ACTIVE", "SHUTOFF", "ERROR"}:
         raise ConflictError(
             f"Cannot 'rebuild' instance {instance_id} while it is in vm_state {body['vm_state']}"
         )
     if body.get("host") is None:
         raise ConflictError(f"Instance {instance_id} has no host to rebuild on.")
+    if cloud.operations.active(instance_id=instance_id):
+        raise ConflictError(
+            f"Cannot 'rebuild' instance {instance_id} while it is in task_state "
+            f"{body.get('task_state')}"
+        )
     body["image_id"] = image_id
     if name:
         body["name"] = name
-    _set_state(body, ACTIVE, task_state=None)
-    body["fault"] = None
-    cloud.objects.update("instance", instance_id, body, name=body["name"])
+    body.update(status="REBUILD", task_state="rebuilding")
+    with cloud.ledger.engine.begin() as conn:
+        _take(cloud, conn, instance_id, before, body, "rebuild")
+        if name:
+            cloud.objects.rename_in(conn, "instance", instance_id, name)
+        cloud.operations.enqueue(
+            "rebuild", instance_id, body["host"], step="destroy", payload={}, conn=conn
+        )
+    cloud.kick()

@@ -30,6 +30,7 @@ from stowage.ledger.schema import (
     group_slots,
     hosts,
     inventories,
+    objects,
     server_groups,
 )
 from stowage.services.cloud import Cloud
@@ -44,9 +45,11 @@ __all__ = [
     "check_flavor_specs",
     "control_services",
     "count_groups",
+    "default_quotas",
     "delete_group",
     "flavor_visible",
     "group_members_of",
+    "host_metadata_from_aggregates",
     "host_zones_from_aggregates",
     "iso",
     "list_groups",
@@ -55,6 +58,7 @@ __all__ = [
     "parse_bool",
     "parse_int",
     "parse_name",
+    "quota_key",
     "quota_limits",
     "quota_usage",
     "read_hosts",
@@ -82,7 +86,6 @@ DEFAULT_QUOTAS: Mapping[str, int] = {
     "server_group_members": 10,
     "fixed_ips": -1,
     "floating_ips": 10,
-    "networks": 3,
     "security_groups": 10,
     "security_group_rules": 20,
 }
@@ -397,16 +400,34 @@ def host_zones_from_aggregates(aggregates: Iterable[Mapping[str, Any]]) -> dict[
     return zones
 
 
+def host_metadata_from_aggregates(
+    aggregates: Iterable[Mapping[str, Any]],
+) -> dict[str, dict[str, set[str]]]:
+    """host -> key -> the values its aggregates' metadata give it (Nova's aggregate_values)."""
+    out: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for agg in aggregates:
+        for host in agg.get("hosts", []):
+            for key, value in agg.get("metadata", {}).items():
+                out[host][key].add(str(value))
+    return out
+
+
 def sync_host_zones(cloud: Cloud, names: Iterable[str]) -> None:
-    """Set each named host's zone in the ledger from its aggregates ("nova" when none)."""
+    """Set each named host's zone ("nova" when none) and aggregate metadata in the ledger from
+    its aggregates, so the scheduler reads both with the host (a change row for each)."""
     wanted = sorted(set(names))
     if not wanted:
         return
-    zones = host_zones_from_aggregates(d.body for d in cloud.objects.list("aggregate"))
+    docs = [d.body for d in cloud.objects.list("aggregate")]
+    zones = host_zones_from_aggregates(docs)
+    metadata = host_metadata_from_aggregates(docs)
     for view in read_hosts(cloud, wanted):
         zone = min(zones.get(view.name, set()), default=DEFAULT_ZONE)
-        if zone != view.availability_zone:
-            cloud.ledger.set_host_state(view.name, availability_zone=zone)
+        cloud.ledger.set_host_state(
+            view.name,
+            availability_zone=zone if zone != view.availability_zone else None,
+            aggregate_metadata=metadata.get(view.name, {}),
+        )
 
 
 # -- server groups --------------------------------------------------------------------------
@@ -440,9 +461,15 @@ def group_members_of(cloud: Cloud, group_ids: Iterable[str]) -> dict[str, list[s
     if not ids:
         return out
     with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
+        # A deleted server's membership row outlives it in the ledger; Nova's list does not.
+        alive = (
+            select(objects.c.id)
+            .where(objects.c.kind == "instance", objects.c.id == group_members.c.instance_id)
+            .exists()
+        )
         for group_id, instance_id in conn.execute(
             select(group_members.c.group_id, group_members.c.instance_id)
-            .where(group_members.c.group_id.in_(ids))
+            .where(group_members.c.group_id.in_(ids), alive)
             .order_by(group_members.c.instance_id)
         ):
             out[group_id].append(instance_id)
@@ -487,12 +514,29 @@ def count_groups(cloud: Cloud, project_id: str) -> int:
 # -- quotas ---------------------------------------------------------------------------------
 
 
-def quota_limits(cloud: Cloud, project_id: str) -> dict[str, int]:
-    """The project's limits: the defaults with its overrides (documents of kind "quota")."""
+def default_quotas(cloud: Cloud) -> dict[str, int]:
+    """Nova's defaults with the "default" quota class's overrides (os-quota-class-sets)."""
     limits = dict(DEFAULT_QUOTAS)
-    doc = cloud.objects.find("quota", project_id)
+    doc = cloud.objects.find("quota_class", "default")
     if doc is not None:
         limits.update({k: int(v) for k, v in doc.body.items() if k in DEFAULT_QUOTAS})
+    return limits
+
+
+def quota_key(project_id: str, user_id: str | None = None) -> str:
+    """The id of a quota override document: the project's, or one user's in it."""
+    return f"{project_id}/{user_id}" if user_id else project_id
+
+
+def quota_limits(cloud: Cloud, project_id: str, user_id: str | None = None) -> dict[str, int]:
+    """The project's limits: the defaults with its overrides (documents of kind "quota"), then
+    a user's own overrides when `user_id` is given."""
+    limits = default_quotas(cloud)
+    keys = [quota_key(project_id)] + ([quota_key(project_id, user_id)] if user_id else [])
+    for key in keys:
+        doc = cloud.objects.find("quota", key)
+        if doc is not None:
+            limits.update({k: int(v) for k, v in doc.body.items() if k in DEFAULT_QUOTAS})
     return limits
 
 

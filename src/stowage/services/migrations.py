@@ -7,9 +7,12 @@ placement (group slots and pCPUs included, both ends counting while the move is 
 the transaction that writes the status; `failed` and `reverted` release the destination in
 the transaction that writes theirs. No status means "maybe held somewhere".
 
-The simulated hypervisor finishes a move at once, so live migrations and evacuations pass
-through `running` to `completed` within the request; resizes and cold migrations wait in
-`finished` (VERIFY_RESIZE) for a confirm or a revert.
+Once the destination is claimed, the conductor (services/conductor.py) drives the move
+through the agents: live migrations go preparing -> running -> post-migrating -> completed,
+evacuations pre-migrating -> done, cold migrations and resizes wait in `finished`
+(VERIFY_RESIZE) for a confirm (or the auto-confirm window) or a revert. A move whose
+destination cannot confirm its part goes to `error`, both ends held, until that agent answers
+and the destination is undone: then `failed`.
 """
 
 from __future__ import annotations
@@ -31,7 +34,16 @@ from stowage.services.cloud import Cloud
 from stowage.services.compute import shape_of_flavor
 from stowage.services.scheduler import Placement
 
-__all__ = ["MoveResult", "confirm_resize", "evacuate_host", "move", "revert_resize"]
+__all__ = [
+    "MoveResult",
+    "abort_live_migration",
+    "confirm_resize",
+    "evacuate_host",
+    "force_complete_live_migration",
+    "move",
+    "outcome",
+    "revert_resize",
+]
 
 # migration_type -> (instance status while moving, task_state)
 _MOVING = {
@@ -72,7 +84,10 @@ def host_is_up(cloud: Cloud, name: str) -> bool:
 
 
 def _number(cloud: Cloud) -> int:
-    return len(cloud.objects.list("migration")) + 1
+    def first() -> int:  # a ledger from before the counter: go on from its records
+        return 1 + max((int(d.body["number"]) for d in cloud.objects.list("migration")), default=0)
+
+    return cloud.objects.next_number("migration", first)
 
 
 @dataclass(slots=True)
@@ -100,14 +115,40 @@ def _start(
     source = body.get("host")
     if source is None:
         raise ConflictError(f"Instance {instance_id} has no host to move from.")
+    source_up = host_is_up(cloud, source)
+    if migration_type == "evacuation" and source_up:
+        raise ConflictError(f"Compute service of {source} is still in use.")
+    pending = cloud.operations.active(instance_id=instance_id)
+    if migration_type == "evacuation" and not source_up:
+        # What waits for the dead source is superseded: the evacuation cleans it up there.
+        stale = [op for op in pending if op.host == source and op.kind in _SUPERSEDED]
+        with cloud.ledger.engine.begin() as conn:
+            for op in stale:
+                cloud.operations.advance(
+                    conn, op.id, state="failed", result={"error": "superseded by evacuation"}
+                )
+        pending = [op for op in pending if op not in stale]
+        body["task_state"] = None
+    if body.get("task_state") is not None or pending:
+        raise ConflictError(
+            f"Cannot '{migration_type}' instance {instance_id} while it is in task_state "
+            f"{body.get('task_state')}"
+        )
+    unsettled = [
+        d.id
+        for d in cloud.objects.list("migration")
+        if d.body.get("instance_uuid") == instance_id and d.body.get("status") not in _ENDED
+    ]
+    if unsettled:
+        raise ConflictError(
+            f"Instance {instance_id} has a migration that is not settled yet "
+            f"({', '.join(unsettled)}); it ends as soon as its hosts answer."
+        )
     if body["status"] not in _STARTABLE[migration_type]:
         raise ConflictError(
             f"Cannot '{migration_type}' instance {instance_id} while it is in vm_state "
             f"{body['vm_state']}"
         )
-    source_up = host_is_up(cloud, source)
-    if migration_type == "evacuation" and source_up:
-        raise ConflictError(f"Compute service of {source} is still in use.")
     if migration_type != "evacuation" and not source_up:
         raise ConflictError(f"Compute service of {source} is unavailable at this time.")
     if dest is not None:
@@ -131,10 +172,15 @@ def _start(
         "user_id": user_id,
         "project_id": project_id,
     }
-    cloud.objects.create("migration", migration_id, record, project_id=project_id)
     moving_status, task = _MOVING[migration_type]
     body.update(status=moving_status, task_state=task)
-    cloud.objects.update("instance", instance_id, body)
+    # Whoever marks the instance moving first owns the move; a concurrent request is refused.
+    if not cloud.objects.swap("instance", instance_id, doc.body, body):
+        raise ConflictError(
+            f"Cannot '{migration_type}' instance {instance_id}: another request changed it "
+            "at the same moment"
+        )
+    cloud.objects.create("migration", migration_id, record, project_id=project_id)
     request = Request(
         consumer_id=migration_id,
         instance_id=instance_id,
@@ -145,27 +191,40 @@ def _start(
         group_id=body.get("group_id"),
         force_host=dest,
         ignore_hosts=frozenset({cloud.ledger.host_id(source)}),
+        extra_specs=dict(flavor.get("extra_specs") or {}),
     )
     return _Started(migration_id, record, instance_id, flavor, request)
 
 
-def _settle(cloud: Cloud, started: _Started, placement: Placement) -> MoveResult:
-    """Finish or fail a started move according to its placement."""
+_ENDED = frozenset(
+    {"completed", "confirmed", "reverted", "failed", "cancelled", "done", "finished"}
+)
+_SUPERSEDED = frozenset({"build", "power", "rebuild", "snapshot"})
+
+
+def _settle(
+    cloud: Cloud, started: _Started, placement: Placement, request_id: str = ""
+) -> MoveResult:
+    """Fail a started move that found no destination, or hand it to the conductor."""
     migration_id, record, instance_id = started.migration_id, started.record, started.instance_id
     if placement.claim is None:
         return _fail_start(cloud, migration_id, record, instance_id, placement.reason)
     dest_name = _name_of(cloud, placement.claim.host_id)
-    record.update(status="running", dest_compute=dest_name, dest_host=dest_name)
-    cloud.objects.update("migration", migration_id, record)
-    if record["migration_type"] in ("evacuation", "live-migration"):
-        return _finish(cloud, migration_id, record, instance_id, dest_name, started.flavor)
-    # Cold migration and resize rest in VERIFY_RESIZE, both ends held, until confirmed.
-    body = dict(cloud.objects.get("instance", instance_id).body)
-    body.update(status="VERIFY_RESIZE", vm_state="resized", task_state=None)
-    record["status"] = "finished"
+    status = "preparing" if record["migration_type"] == "live-migration" else "pre-migrating"
+    record.update(status=status, dest_compute=dest_name, dest_host=dest_name)
     with cloud.ledger.engine.begin() as conn:
-        _writer(cloud, migration_id, record, instance_id, body)(conn)
-    return MoveResult(migration_id, "finished", dest_name)
+        cloud.objects.update_in(conn, "migration", migration_id, record)
+        cloud.operations.enqueue(
+            record["migration_type"],
+            instance_id,
+            dest_name,
+            step="prepare",
+            payload={"request_id": request_id},
+            migration_id=migration_id,
+            conn=conn,
+        )
+    cloud.kick()
+    return MoveResult(migration_id, status, dest_name)
 
 
 def move(
@@ -177,6 +236,7 @@ def move(
     project_id: str,
     dest: str | None = None,
     new_flavor: dict[str, Any] | None = None,
+    request_id: str = "",
 ) -> MoveResult:
     """Start a move: check the source, record the migration, claim a destination."""
     started = _start(
@@ -190,7 +250,7 @@ def move(
     )
     with cloud.schedule_lock:
         placement = cloud.scheduler.schedule([started.request])[0]
-    return _settle(cloud, started, placement)
+    return _settle(cloud, started, placement, request_id)
 
 
 def evacuate_host(
@@ -218,6 +278,21 @@ def evacuate_host(
     with cloud.schedule_lock:
         placements = cloud.scheduler.schedule([s.request for s in started])
     return {s.instance_id: _settle(cloud, s, p) for s, p in zip(started, placements, strict=True)}
+
+
+def outcome(cloud: Cloud, result: MoveResult, timeout_s: float) -> MoveResult:
+    """A started move's result once its operation ended (or as it stands after `timeout_s`)."""
+    doc = cloud.objects.find("migration", result.migration_id)
+    if doc is None:
+        return result
+    cloud.operations.wait_instances([doc.body["instance_uuid"]], timeout_s)
+    record = cloud.objects.get("migration", result.migration_id).body
+    return MoveResult(
+        result.migration_id,
+        str(record["status"]),
+        record.get("dest_compute"),
+        str(record.get("reason") or ""),
+    )
 
 
 def _writer(
@@ -266,27 +341,6 @@ def _settled_status(body: dict[str, Any]) -> str:
     )
 
 
-def _finish(
-    cloud: Cloud,
-    migration_id: str,
-    record: dict[str, Any],
-    instance_id: str,
-    dest: str,
-    flavor: dict[str, Any],
-) -> MoveResult:
-    body = dict(cloud.objects.get("instance", instance_id).body)
-    body.update(host=dest, flavor=flavor, task_state=None, fault=None)
-    if record["migration_type"] == "evacuation":
-        body.update(status="ACTIVE", vm_state="active", power_state=1)
-    else:
-        body.update(status=_settled_status(body))
-    record["status"] = "completed"
-
-    write = _writer(cloud, migration_id, record, instance_id, body)
-    cloud.ledger.complete_migration(migration_id, also=write)
-    return MoveResult(migration_id, "completed", dest)
-
-
 def _resizing(
     cloud: Cloud, instance_id: str, action: str
 ) -> tuple[dict[str, Any], str, dict[str, Any]]:
@@ -304,26 +358,69 @@ def _resizing(
 
 
 def confirm_resize(cloud: Cloud, instance_id: str) -> None:
-    """VERIFY_RESIZE -> ACTIVE on the destination; the source's claims go in the same commit."""
-    body, migration_id, record = _resizing(cloud, instance_id, "confirmResize")
-    body.update(
-        status="ACTIVE",
-        vm_state="active",
-        task_state=None,
-        host=record["dest_compute"],
-        flavor=record["new_flavor"],
-    )
-    record["status"] = "confirmed"
-
-    write = _writer(cloud, migration_id, record, instance_id, body)
-    cloud.ledger.complete_migration(migration_id, also=write)
+    """VERIFY_RESIZE -> confirming: the source destroys its copy, then (one commit) its
+    claims go and the instance is ACTIVE on the destination."""
+    _end_resize(cloud, instance_id, "confirmResize", "confirm", "confirming", "source_compute")
 
 
 def revert_resize(cloud: Cloud, instance_id: str) -> None:
-    """VERIFY_RESIZE -> ACTIVE on the source; the destination's claims go in the same commit."""
-    body, migration_id, record = _resizing(cloud, instance_id, "revertResize")
-    body.update(status="ACTIVE", vm_state="active", task_state=None)
-    record["status"] = "reverted"
+    """VERIFY_RESIZE -> reverting: the destination destroys its copy, then (one commit) its
+    claims go and the instance is ACTIVE on the source."""
+    _end_resize(cloud, instance_id, "revertResize", "revert", "reverting", "dest_compute")
 
-    write = _writer(cloud, migration_id, record, instance_id, body)
-    cloud.ledger.fail_migration(migration_id, also=write)
+
+def _end_resize(
+    cloud: Cloud, instance_id: str, action: str, kind: str, status: str, host_field: str
+) -> None:
+    body, migration_id, record = _resizing(cloud, instance_id, action)
+    before = dict(body)
+    if cloud.operations.active(instance_id=instance_id):
+        raise ConflictError(f"Instance {instance_id} is already being {status[:-3]}ed.")
+    body.update(task_state="resize_" + ("confirming" if kind == "confirm" else "reverting"))
+    record["status"] = status
+    step = "source_cleanup" if kind == "confirm" else "abort_dest"
+    with cloud.ledger.engine.begin() as conn:
+        if not cloud.objects.swap_in(conn, "instance", instance_id, before, body):
+            raise ConflictError(f"Instance {instance_id} changed at the same moment; try again.")
+        cloud.objects.update_in(conn, "migration", migration_id, record)
+        cloud.operations.enqueue(
+            kind, instance_id, record[host_field], step=step, migration_id=migration_id, conn=conn
+        )
+    cloud.kick()
+
+
+def abort_live_migration(cloud: Cloud, instance_id: str, migration_id: str) -> None:
+    """DELETE .../migrations/{id} (2.24): a live migration still queued, preparing or running
+    is cancelled; the destination is undone and its claims go with the record."""
+    record = _live(cloud, instance_id, migration_id, "abort")
+    if record["status"] not in ("queued", "preparing", "running"):
+        raise ConflictError(
+            f"Migration {migration_id} state of instance {instance_id} is {record['status']}. "
+            "Cannot abort live migration while the migration is in this state."
+        )
+    record["abort"] = True
+    cloud.objects.update("migration", migration_id, record)
+    cloud.kick()
+
+
+def force_complete_live_migration(cloud: Cloud, instance_id: str, migration_id: str) -> None:
+    """POST .../migrations/{id}/action force_complete (2.22): end the memory copy now."""
+    record = _live(cloud, instance_id, migration_id, "force complete")
+    if record["status"] != "running":
+        raise ConflictError(
+            f"Migration {migration_id} state of instance {instance_id} is {record['status']}. "
+            "Cannot force complete live migration while the migration is in this state."
+        )
+    record["force_complete"] = True
+    cloud.objects.update("migration", migration_id, record)
+    cloud.kick()
+
+
+def _live(cloud: Cloud, instance_id: str, migration_id: str, what: str) -> dict[str, Any]:
+    doc = cloud.objects.find("migration", migration_id)
+    if doc is None or doc.body.get("instance_uuid") != instance_id:
+        raise NotFound(f"Migration {migration_id} for instance {instance_id} could not be found.")
+    record = dict(doc.body)
+    if record.get("migration_type") != "live-migration":
+        raise InvalidSpec(f"Migration {migration_id} is not a live migration; cannot {what}.")
+    return record

@@ -782,6 +782,8 @@ def _ip_requests(
             raise _invalid("fixed_ips", f"'{item}' needs subnet_id and/or ip_address only")
         subnet_id = item.get("subnet_id")
         address = item.get("ip_address")
+        if subnet_id is not None and not isinstance(subnet_id, str):
+            raise _invalid("fixed_ips", f"'{subnet_id}' is not a valid subnet id")
         if subnet_id is not None and subnet_id not in subnets:
             raise NeutronBadRequest(
                 f"Invalid input for operation: Failed to create port on network {network_id}, "
@@ -1482,8 +1484,9 @@ def delete_security_group(cloud: Cloud, caller: Caller, group_id: str) -> None:
         )
     if any(group_id in p.get("security_groups", []) for p in _bodies(cloud, "port")):
         raise NeutronConflict(f"Security Group {group_id} in use.", "SecurityGroupInUse")
+    # Its own rules go, and so do other groups' rules that name it as their remote group.
     for rule in _bodies(cloud, "security_group_rule"):
-        if rule["security_group_id"] == group_id:
+        if group_id in (rule["security_group_id"], rule.get("remote_group_id")):
             cloud.objects.delete("security_group_rule", rule["id"])
     cloud.objects.delete("security_group", group_id)
 

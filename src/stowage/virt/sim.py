@@ -96,9 +96,41 @@ class SimDriver:
         with self._lock:
             self._faults[(operation, step)] = _Fault(kind, times)
 
+    def tamper_pins(self, instance_id: str, pins: dict[int, int]) -> None:
+        """Repin a defined instance behind the ledger's back, as a stray `virsh vcpupin` would."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            if inst is None:
+                raise InstanceNotFound(f"instance {instance_id} is not on this host")
+            inst.pins = dict(pins)
+
+    def adopt(
+        self,
+        instance_id: str,
+        pins: dict[int, int],
+        cells: list[int] | None = None,
+        memory_mb: int = 0,
+    ) -> None:
+        """Define and start an instance the ledger never placed (an empty disk, no step faults)."""
+        disk = self.disk_dir / f"{instance_id}.img"
+        with self._lock:
+            if instance_id in self._instances:
+                raise DriverError(f"instance {instance_id} already exists", code="virt.exists")
+            disk.touch()
+            self._instances[instance_id] = _Instance(
+                dict(pins), list(cells or []), memory_mb, InstanceState.RUNNING, disk
+            )
+
     def release_hangs(self) -> None:
         """Let every hung step (and every later HANG fault) return, failing with an error."""
         self._release.set()
+
+    def clear_faults(self) -> None:
+        """Disarm every fault and let hung steps return (with an error); later hangs hang."""
+        with self._lock:
+            self._faults.clear()
+            released, self._release = self._release, threading.Event()
+        released.set()
 
     def close(self) -> None:
         """Release hung steps and delete the disk directory if this driver created it."""

@@ -12,16 +12,23 @@ from stowage.api.common import compute_error, install_common
 from stowage.api.compute import (
     aggregates,
     availability_zones,
+    capacity,
     flavors,
     host_evacuate,
     hypervisors,
+    images,
     instance_actions,
     keypairs,
+    legacy,
     limits_quotas,
     migrations,
     os_services,
+    security_groups,
+    server_extras,
     server_groups,
+    server_metadata,
     servers,
+    sim,
 )
 from stowage.api.compute.microversion import MAX_VERSION, MIN_VERSION, install_microversions
 from stowage.services.cloud import Cloud
@@ -39,8 +46,15 @@ _ROUTERS = (
     limits_quotas,
     migrations,
     servers,
+    server_metadata,
+    server_extras,
+    security_groups,
+    images,
+    legacy,
     instance_actions,
     host_evacuate,
+    capacity,
+    sim,
 )
 
 
@@ -61,12 +75,34 @@ def _version(base: str) -> dict[str, Any]:
     }
 
 
+def _legacy_version(base: str) -> dict[str, Any]:
+    """v2.0, listed first as Nova lists it: the same API without microversions."""
+    return {
+        "id": "v2.0",
+        "status": "SUPPORTED",
+        "version": "",
+        "min_version": "",
+        "updated": "2011-01-21T11:33:21Z",
+        "links": [{"rel": "self", "href": f"{base}/compute/v2/"}],
+        "media-types": [
+            {"base": "application/json", "type": "application/vnd.openstack.compute+json;version=2"}
+        ],
+    }
+
+
 discovery = APIRouter()
 
 
 @discovery.get("/")
 async def versions(request: Request) -> JSONResponse:
-    return JSONResponse({"versions": [_version(cloud_of(request).config.base_url)]})
+    base = cloud_of(request).config.base_url
+    return JSONResponse({"versions": [_legacy_version(base), _version(base)]})
+
+
+@discovery.get("/v2")
+@discovery.get("/v2/")
+async def legacy_version(request: Request) -> JSONResponse:
+    return JSONResponse({"version": _legacy_version(cloud_of(request).config.base_url)})
 
 
 @discovery.get("/v2.1")

@@ -214,6 +214,9 @@ async def show_flavor(flavor_id: str, request: Request) -> JSONResponse:
 def _flavor_id(value: Any) -> str:
     if value is None:
         return str(uuid.uuid4())
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        # Nova's schema takes a number too (novaclient and tempest send ints) and stores str().
+        value = str(value)
     if not isinstance(value, str) or not value or len(value) > _ID_MAX:
         raise ApiError(
             400,

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_admin
 from stowage.services.compute import record_action
-from stowage.services.migrations import evacuate_host
+from stowage.services.migrations import evacuate_host, outcome
 
 router = APIRouter()
 
@@ -23,7 +23,8 @@ async def evacuate(request: Request, host: str) -> JSONResponse:
     )
     rid = request.state.request_id
     out = []
-    for server_id, result in results.items():
+    for server_id, started in results.items():
+        result = await asyncio.to_thread(outcome, cloud, started, cloud.config.api_wait_s)
         record_action(
             cloud,
             server_id,
@@ -31,7 +32,7 @@ async def evacuate(request: Request, host: str) -> JSONResponse:
             ctx.user_id,
             ctx.project_id,
             rid,
-            result="Error" if result.status == "failed" else "Success",
+            result="Error" if result.status in ("failed", "error") else "Success",
             message=result.reason or None,
         )
         out.append(

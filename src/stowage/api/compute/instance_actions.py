@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_context
-from stowage.api.common import ApiError
+from stowage.api.common import ApiError, Context
 from stowage.api.compute.microversion import mv
 from stowage.api.compute.servers import load_server
 
@@ -58,11 +58,22 @@ def _action_view(
     return view
 
 
+def _check_server(request: Request, ctx: Context, server_id: str) -> None:
+    """The server exists and is the caller's; from 2.21 a deleted server's actions stay
+    readable by its project (they outlive the server)."""
+    cloud = cloud_of(request)
+    if mv(request) >= (2, 21) and cloud.objects.find("instance", server_id) is None:
+        actions = cloud.objects.list("instance_action", project_id=server_id)
+        if actions and (ctx.is_admin or actions[0].body.get("project_id") == ctx.project_id):
+            return
+    load_server(cloud, ctx, server_id)
+
+
 @router.get("/servers/{server_id}/os-instance-actions")
 async def list_actions(request: Request, server_id: str) -> JSONResponse:
     ctx = require_context(request)
     cloud = cloud_of(request)
-    load_server(cloud, ctx, server_id)
+    _check_server(request, ctx, server_id)
     docs = sorted(
         cloud.objects.list("instance_action", project_id=server_id),
         key=lambda d: d.created_at,
@@ -82,7 +93,7 @@ async def list_actions(request: Request, server_id: str) -> JSONResponse:
 async def show_action(request: Request, server_id: str, request_id: str) -> JSONResponse:
     ctx = require_context(request)
     cloud = cloud_of(request)
-    load_server(cloud, ctx, server_id)
+    _check_server(request, ctx, server_id)
     doc = cloud.objects.find("instance_action", f"{request_id}:{server_id}")
     if doc is None:
         raise ApiError(404, f"Action for request_id {request_id} on instance {server_id} not found")

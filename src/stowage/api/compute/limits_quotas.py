@@ -17,7 +17,7 @@ __all__ = ["router"]
 router = APIRouter()
 
 # Quotas that 2.36 dropped (nova-network proxies) and that 2.57 dropped (personality files).
-_NETWORK = ("fixed_ips", "floating_ips", "networks", "security_groups", "security_group_rules")
+_NETWORK = ("fixed_ips", "floating_ips", "security_groups", "security_group_rules")
 _PERSONALITY = ("injected_files", "injected_file_content_bytes", "injected_file_path_bytes")
 # Usage is counted for these; the others are per-request limits with nothing to count.
 _COUNTED = ("instances", "cores", "ram", "server_groups")
@@ -102,8 +102,9 @@ async def limits(request: Request) -> JSONResponse:
 @router.get("/os-quota-sets/{project_id}/defaults")
 async def defaults(project_id: str, request: Request) -> JSONResponse:
     require_context(request)
+    defaults = catalog.default_quotas(cloud_of(request))
     body: dict[str, Any] = {"id": project_id}
-    body.update({r: catalog.DEFAULT_QUOTAS[r] for r in _resources(request)})
+    body.update({r: defaults[r] for r in _resources(request)})
     return JSONResponse({"quota_set": body})
 
 
@@ -112,8 +113,9 @@ async def detail(project_id: str, request: Request) -> JSONResponse:
     ctx = require_context(request)
     cloud = cloud_of(request)
     _project(request, ctx, project_id)
-    quotas = catalog.quota_limits(cloud, project_id)
-    used = catalog.quota_usage(cloud, project_id, request.query_params.get("user_id"))
+    user_id = request.query_params.get("user_id")
+    quotas = catalog.quota_limits(cloud, project_id, user_id)
+    used = catalog.quota_usage(cloud, project_id, user_id)
     body: dict[str, Any] = {"id": project_id}
     for resource in _resources(request):
         body[resource] = {"limit": quotas[resource], "in_use": used[resource], "reserved": 0}
@@ -127,7 +129,7 @@ async def show(project_id: str, request: Request) -> JSONResponse:
     cloud = cloud_of(request)
     if catalog.parse_bool(request.query_params.get("usage", "false"), "usage"):
         return await detail(project_id, request)
-    quotas = catalog.quota_limits(cloud, project_id)
+    quotas = catalog.quota_limits(cloud, project_id, request.query_params.get("user_id"))
     body: dict[str, Any] = {"id": project_id}
     body.update({r: quotas[r] for r in _resources(request)})
     return JSONResponse({"quota_set": body})
@@ -137,8 +139,8 @@ async def show(project_id: str, request: Request) -> JSONResponse:
 async def update(project_id: str, request: Request) -> JSONResponse:
     require_admin(request)
     cloud = cloud_of(request)
-    if request.query_params.get("user_id"):
-        raise ApiError(400, "Per-user quotas are not supported here; set the project's quota.")
+    # A user's quota is kept and shown; servers are counted against the project's.
+    user_id = request.query_params.get("user_id")
     payload = catalog.member(await json_body(request), "quota_set")
     shown = _resources(request)
     catalog.only_keys(payload, [*shown, "force"], "quota_set")
@@ -154,16 +156,47 @@ async def update(project_id: str, request: Request) -> JSONResponse:
                     f"Quota limit {limit} for {key} must be greater than or equal to already "
                     f"used and reserved {used[key]}.",
                 )
-    current = cloud.objects.find("quota", project_id)
+    key = catalog.quota_key(project_id, user_id)
+    current = cloud.objects.find("quota", key)
     overrides = dict(current.body) if current is not None else {}
     overrides.update(wanted)
-    cloud.objects.put("quota", project_id, overrides, project_id=project_id)
-    quotas = catalog.quota_limits(cloud, project_id)
+    cloud.objects.put("quota", key, overrides, project_id=project_id)
+    quotas = catalog.quota_limits(cloud, project_id, user_id)
     return JSONResponse({"quota_set": {r: quotas[r] for r in shown}})
 
 
 @router.delete("/os-quota-sets/{project_id}")
 async def revert(project_id: str, request: Request) -> Response:
     require_admin(request)
-    cloud_of(request).objects.delete("quota", project_id)
+    key = catalog.quota_key(project_id, request.query_params.get("user_id"))
+    cloud_of(request).objects.delete("quota", key)
     return Response(status_code=202)
+
+
+# -- quota classes (only "default" means anything: it sets every project's defaults) --------
+
+
+@router.get("/os-quota-class-sets/{class_name}")
+async def show_class(class_name: str, request: Request) -> JSONResponse:
+    require_admin(request)
+    defaults = catalog.default_quotas(cloud_of(request))
+    body: dict[str, Any] = {"id": class_name}
+    body.update({r: defaults[r] for r in _resources(request)})
+    return JSONResponse({"quota_class_set": body})
+
+
+@router.put("/os-quota-class-sets/{class_name}")
+async def update_class(class_name: str, request: Request) -> JSONResponse:
+    require_admin(request)
+    cloud = cloud_of(request)
+    payload = catalog.member(await json_body(request), "quota_class_set")
+    shown = _resources(request)
+    catalog.only_keys(payload, shown, "quota_class_set")
+    wanted = {key: catalog.parse_int(value, key, minimum=-1) for key, value in payload.items()}
+    if class_name == "default":
+        current = cloud.objects.find("quota_class", "default")
+        overrides = dict(current.body) if current is not None else {}
+        overrides.update(wanted)
+        cloud.objects.put("quota_class", "default", overrides)
+    defaults = catalog.default_quotas(cloud)
+    return JSONResponse({"quota_class_set": {r: defaults[r] for r in shown}})

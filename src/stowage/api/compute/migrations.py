@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from stowage.api.auth import cloud_of, require_admin, require_context
-from stowage.api.common import ApiError
+from stowage.api.common import ApiError, json_body
 from stowage.api.compute.microversion import Microversion, mv
 from stowage.api.compute.servers import load_server
 from stowage.ledger.objects import Document
@@ -25,6 +26,12 @@ def _iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
 
 
+def _flavor_number(flavor_id: Any) -> int | None:
+    """Nova shows its flavors' internal integer ids here; a flavor id that is a number is the
+    closest thing, and one that is not shows as null."""
+    return int(flavor_id) if isinstance(flavor_id, str) and flavor_id.isdigit() else None
+
+
 def migration_view(doc: Document, version: Microversion) -> dict[str, Any]:
     body = doc.body
     view: dict[str, Any] = {
@@ -36,12 +43,10 @@ def migration_view(doc: Document, version: Microversion) -> dict[str, Any]:
         "dest_host": body.get("dest_host") or body.get("dest_compute"),
         "status": body["status"],
         "instance_uuid": body["instance_uuid"],
-        "old_instance_type_id": body.get("old_flavor_id"),
-        "new_instance_type_id": body.get("new_flavor_id"),
+        "old_instance_type_id": _flavor_number(body.get("old_flavor_id")),
+        "new_instance_type_id": _flavor_number(body.get("new_flavor_id")),
         "created_at": _iso(doc.created_at),
         "updated_at": _iso(doc.updated_at),
-        "source_region": "RegionOne",
-        "dest_region": "RegionOne",
     }
     if version >= (2, 23):
         view["migration_type"] = body.get("migration_type", "migration")
@@ -98,3 +103,70 @@ async def list_server_migrations(request: Request, server_id: str) -> JSONRespon
         and d.body["status"] in _IN_PROGRESS
     ]
     return JSONResponse({"migrations": [migration_view(d, mv(request)) for d in docs]})
+
+
+def _live_migration(request: Request, server_id: str, migration_ref: str) -> Document:
+    """A server's migration by Nova's integer id (or its uuid)."""
+    cloud = cloud_of(request)
+    for doc in cloud.objects.list("migration"):
+        body = doc.body
+        if body["instance_uuid"] == server_id and migration_ref in (str(body["number"]), doc.id):
+            return doc
+    raise ApiError(404, f"Migration {migration_ref} for instance {server_id} could not be found.")
+
+
+@router.get("/servers/{server_id}/migrations/{migration_ref}")
+async def show_server_migration(
+    request: Request, server_id: str, migration_ref: str
+) -> JSONResponse:
+    ctx = require_context(request)
+    if not ctx.is_admin:
+        raise ApiError(
+            403, "Policy doesn't allow os_compute_api:servers:migrations:show to be performed."
+        )
+    load_server(cloud_of(request), ctx, server_id)
+    doc = _live_migration(request, server_id, migration_ref)
+    if doc.body.get("migration_type") != "live-migration" or doc.body["status"] not in _IN_PROGRESS:
+        raise ApiError(
+            404, f"In-progress live migration {migration_ref} is not found for server {server_id}."
+        )
+    return JSONResponse({"migration": migration_view(doc, mv(request))})
+
+
+@router.delete("/servers/{server_id}/migrations/{migration_ref}")
+async def abort_server_migration(request: Request, server_id: str, migration_ref: str) -> Response:
+    """2.24: abort a live migration in progress; its destination is undone."""
+    from stowage.api.compute.servers import settled
+    from stowage.services.migrations import abort_live_migration
+
+    ctx = require_admin(request)
+    if mv(request) < (2, 24):
+        raise ApiError(404, "Aborting a live migration needs microversion 2.24 or later.")
+    cloud = cloud_of(request)
+    load_server(cloud, ctx, server_id)
+    doc = _live_migration(request, server_id, migration_ref)
+    await asyncio.to_thread(abort_live_migration, cloud, server_id, doc.id)
+    await settled(cloud, [server_id])
+    return Response(status_code=202)
+
+
+@router.post("/servers/{server_id}/migrations/{migration_ref}/action")
+async def force_complete_server_migration(
+    request: Request, server_id: str, migration_ref: str
+) -> Response:
+    """2.22: force an in-progress live migration to complete."""
+    from stowage.api.compute.servers import settled
+    from stowage.services.migrations import force_complete_live_migration
+
+    ctx = require_admin(request)
+    if mv(request) < (2, 22):
+        raise ApiError(404, "Forcing a live migration to complete needs microversion 2.22.")
+    payload = await json_body(request)
+    if not isinstance(payload, dict) or "force_complete" not in payload:
+        raise ApiError(400, "Invalid input: the action must be force_complete")
+    cloud = cloud_of(request)
+    load_server(cloud, ctx, server_id)
+    doc = _live_migration(request, server_id, migration_ref)
+    await asyncio.to_thread(force_complete_live_migration, cloud, server_id, doc.id)
+    await settled(cloud, [server_id])
+    return Response(status_code=202)

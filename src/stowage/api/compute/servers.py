@@ -12,7 +12,18 @@ from fastapi.responses import JSONResponse, Response
 
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import ApiError, Context, json_body
+from stowage.api.compute.create_schema import check_create_shapes
 from stowage.api.compute.microversion import mv
+from stowage.api.compute.server_actions import EXTRA_ACTIONS, extra_action
+from stowage.api.compute.server_views import (
+    action_view,
+    check_create,
+    check_metadata,
+    check_resize_quota,
+    detail_list_view,
+    matches_more,
+    omit_unset,
+)
 from stowage.domain.errors import InvalidSpec, NotFound
 from stowage.ledger.objects import Document
 from stowage.services.cloud import Cloud
@@ -28,7 +39,7 @@ from stowage.services.compute import (
 )
 from stowage.services.compute_catalog import visible_flavor
 from stowage.services.images import properties_of
-from stowage.services.migrations import confirm_resize, move, revert_resize
+from stowage.services.migrations import confirm_resize, move, outcome, revert_resize
 
 router = APIRouter()
 
@@ -116,6 +127,7 @@ def server_view(
         "OS-EXT-STS:power_state": body["power_state"],
         "os-extended-volumes:volumes_attached": [],
     }
+    omit_unset(view)
     if ctx.is_admin:
         view["OS-EXT-SRV-ATTR:host"] = host
         view["OS-EXT-SRV-ATTR:hypervisor_hostname"] = host
@@ -189,6 +201,7 @@ def _parse_create(cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
             400, "Invalid input for field/attribute server: 'server' is a required property"
         )
     server = body["server"]
+    check_create_shapes(server)
     name = server.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > _NAME_MAX:
         raise ApiError(
@@ -229,6 +242,7 @@ def _parse_create(cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
     hints = body.get("OS-SCH-HNT:scheduler_hints") or body.get("os:scheduler_hints") or {}
     if not isinstance(hints, dict):
         raise ApiError(400, "Invalid input for field/attribute scheduler_hints: not an object")
+    check_create(cloud, ctx, server, flavor.body)
     zone, force_host = _parse_zone(ctx, server.get("availability_zone"))
     group = hints.get("group")
     if isinstance(group, list):
@@ -253,7 +267,7 @@ def _parse_create(cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
         same_host=_as_list(hints.get("same_host")),
         different_host=_as_list(hints.get("different_host")),
         networks=networks,
-        metadata=dict(server.get("metadata") or {}),
+        metadata=check_metadata(server.get("metadata") or {}),
         key_name=server.get("key_name"),
         description=server.get("description"),
         security_groups=[g.get("name", "default") for g in server.get("security_groups") or []]
@@ -340,6 +354,7 @@ async def create_server(request: Request) -> JSONResponse:
         raise ApiError(400, str(exc)) from None
     except NotFound as exc:
         raise ApiError(400, str(exc)) from None
+    await settled(cloud, [d["id"] for d in docs])
     first = docs[0]
     body: dict[str, Any] = {
         "server": {
@@ -347,7 +362,7 @@ async def create_server(request: Request) -> JSONResponse:
             "links": _links(request, "servers", first["id"]),
             "OS-DCF:diskConfig": "MANUAL",
             "security_groups": [{"name": n} for n in first["security_groups"]],
-            "adminPass": "stowage",
+            "adminPass": payload["server"].get("adminPass") or "stowage",
         }
     }
     if payload["server"].get("return_reservation_id"):
@@ -362,7 +377,7 @@ def _list(request: Request, *, detail: bool) -> JSONResponse:
     all_tenants = query.get("all_tenants", "").lower() in ("1", "true", "yes", "")
     all_tenants = ctx.is_admin and "all_tenants" in query and all_tenants
     project = query.get("project_id") or query.get("tenant_id")
-    if project and ctx.is_admin:
+    if project and all_tenants:  # Nova ignores the project filter without all_tenants
         docs = cloud.objects.list("instance", project_id=project)
     elif all_tenants:
         docs = cloud.objects.list("instance")
@@ -380,8 +395,9 @@ def _list(request: Request, *, detail: bool) -> JSONResponse:
     links = []
     if limit is not None:
         count = _limit(limit)
-        if len(docs) > count:
-            docs = docs[:count]
+        more = len(docs) > count
+        docs = docs[:count]
+        if more and docs:
             base = cloud.config.base_url
             kind = "servers/detail" if detail else "servers"
             links = [
@@ -390,7 +406,12 @@ def _list(request: Request, *, detail: bool) -> JSONResponse:
                     "href": f"{base}/compute/v2.1/{kind}?limit={count}&marker={docs[-1].id}",
                 }
             ]
-    servers = [server_view(request, ctx, d, brief=not detail) for d in docs]
+    servers = [
+        detail_list_view(server_view(request, ctx, d))
+        if detail
+        else server_view(request, ctx, d, brief=True)
+        for d in docs
+    ]
     body: dict[str, Any] = {"servers": servers}
     if links:
         body["servers_links"] = links
@@ -409,6 +430,8 @@ def _limit(raw: str) -> int:
 
 def _matches(doc: Document, query: Any, ctx: Context) -> bool:
     body = doc.body
+    if not matches_more(body, query):
+        return False
     name = query.get("name")
     if name:
         try:
@@ -491,7 +514,8 @@ async def update_server(request: Request, server_id: str) -> JSONResponse:
     if "description" in server:
         body["description"] = server["description"]
     updated = cloud.objects.update("instance", server_id, body, name=body["name"])
-    return JSONResponse({"server": server_view(request, ctx, updated)})
+    view = action_view(server_view(request, ctx, updated), mv(request), rebuild=False)
+    return JSONResponse({"server": view})
 
 
 @router.delete("/servers/{server_id}")
@@ -504,10 +528,23 @@ async def remove_server(request: Request, server_id: str) -> Response:
     if doc.body.get("locked") and not ctx.is_admin:
         raise ApiError(409, f"Instance {server_id} is locked")
     await asyncio.to_thread(delete_server, cloud, server_id)
+    record_action(cloud, server_id, "delete", ctx.user_id, ctx.project_id, request.state.request_id)
+    await settled(cloud, [server_id])
     return Response(status_code=204)
 
 
 _POWER_ACTIONS = {"os-stop", "os-start", "reboot", "pause", "unpause", "suspend", "resume"}
+
+
+async def settled(cloud: Cloud, instance_ids: list[str]) -> None:
+    """Wait (bounded by the cloud's `api_wait_s`) for the instances' operations to end.
+
+    The compute API answers 202 either way, as Nova does; waiting a little first means the
+    simulated cloud's quick operations are finished by the time a client looks.
+    """
+    await asyncio.to_thread(cloud.operations.wait_instances, instance_ids, cloud.config.api_wait_s)
+
+
 _ADMIN_ACTIONS = {"os-resetState", "os-migrateLive", "migrate", "evacuate"}
 # Nova's defaults: moving servers between hosts is for admins; resizing is for owners.
 
@@ -528,9 +565,10 @@ async def server_action(request: Request, server_id: str) -> Response:
     rid = request.state.request_id
     if action in _POWER_ACTIONS:
         name = await asyncio.to_thread(
-            power_action, cloud, server_id, action, is_admin=ctx.is_admin
+            power_action, cloud, server_id, action, is_admin=ctx.is_admin, request_id=rid
         )
         record_action(cloud, server_id, name, ctx.user_id, ctx.project_id, rid)
+        await settled(cloud, [server_id])
         return Response(status_code=202)
     if action in ("lock", "unlock"):
         body = dict(doc.body)
@@ -560,6 +598,8 @@ async def server_action(request: Request, server_id: str) -> Response:
         return await _create_image(request, ctx, doc, args)
     if action == "rebuild":
         return await _rebuild(request, ctx, doc, args)
+    if action in EXTRA_ACTIONS:
+        return await extra_action(request, ctx, doc, action, args)
     raise ApiError(400, f"There is no such action: {action}")
 
 
@@ -572,10 +612,10 @@ async def _create_image(request: Request, ctx: Context, doc: Document, args: Any
     metadata = args.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise ApiError(400, "Invalid input for field/attribute metadata: not an object")
-    image_id = await asyncio.to_thread(snapshot_server, cloud, ctx, doc.id, name, metadata)
-    record_action(
-        cloud, doc.id, "createImage", ctx.user_id, ctx.project_id, request.state.request_id
-    )
+    rid = request.state.request_id
+    image_id = await asyncio.to_thread(snapshot_server, cloud, ctx, doc.id, name, metadata, rid)
+    record_action(cloud, doc.id, "createImage", ctx.user_id, ctx.project_id, rid)
+    await settled(cloud, [doc.id])
     location = f"{cloud.config.base_url}/image/v2/images/{image_id}"
     if mv(request) >= (2, 45):
         return JSONResponse({"image_id": image_id}, status_code=202)
@@ -591,8 +631,13 @@ async def _rebuild(request: Request, ctx: Context, doc: Document, args: Any) -> 
     image_id = bootable_image(cloud, ctx, str(ref).rstrip("/").rsplit("/", 1)[-1]).id
     await asyncio.to_thread(rebuild_server, cloud, doc.id, image_id, args.get("name"))
     record_action(cloud, doc.id, "rebuild", ctx.user_id, ctx.project_id, request.state.request_id)
+    await settled(cloud, [doc.id])
     updated = cloud.objects.get("instance", doc.id)
-    return JSONResponse({"server": server_view(request, ctx, updated)}, status_code=202)
+    password = str(args.get("adminPass") or "stowage")
+    view = action_view(
+        server_view(request, ctx, updated), mv(request), rebuild=True, admin_pass=password
+    )
+    return JSONResponse({"server": view}, status_code=202)
 
 
 _MOVES = {"evacuate", "os-migrateLive", "migrate", "resize", "confirmResize", "revertResize"}
@@ -608,10 +653,12 @@ async def _move_action(
     if action == "confirmResize":
         await asyncio.to_thread(confirm_resize, cloud, server_id)
         record_action(cloud, server_id, "confirmResize", ctx.user_id, ctx.project_id, rid)
+        await settled(cloud, [server_id])
         return Response(status_code=204)
     if action == "revertResize":
         await asyncio.to_thread(revert_resize, cloud, server_id)
         record_action(cloud, server_id, "revertResize", ctx.user_id, ctx.project_id, rid)
+        await settled(cloud, [server_id])
         return Response(status_code=202)
     kind = {
         "evacuate": "evacuation",
@@ -633,6 +680,7 @@ async def _move_action(
             raise ApiError(400, f"Flavor {ref} could not be found.") from None
         if new_flavor["id"] == doc.body["flavor"]["id"]:
             raise ApiError(400, "When resizing, instances must change flavor!")
+        check_resize_quota(cloud, doc.body["project_id"], doc.body["flavor"], new_flavor)
     result = await asyncio.to_thread(
         move,
         cloud,
@@ -642,7 +690,9 @@ async def _move_action(
         project_id=ctx.project_id,
         dest=dest,
         new_flavor=new_flavor,
+        request_id=rid,
     )
+    result = await asyncio.to_thread(outcome, cloud, result, cloud.config.api_wait_s)
     record_action(
         cloud,
         server_id,
@@ -655,7 +705,7 @@ async def _move_action(
         ctx.user_id,
         ctx.project_id,
         rid,
-        result="Error" if result.status == "failed" else "Success",
+        result="Error" if result.status in ("failed", "error") else "Success",
         message=result.reason or None,
     )
     if action == "evacuate":

@@ -22,8 +22,10 @@ router = APIRouter()
 _UNAUTHORIZED = "The request you have made requires authentication."
 
 
-def _domain_id(cloud: Cloud, ref: dict[str, Any] | None) -> str:
+def _domain_id(cloud: Cloud, ref: Any) -> str:
     ref = ref or {}
+    if not isinstance(ref, dict):
+        raise ApiError(400, "Invalid input for field 'domain': an object with a name or id")
     if ref.get("id"):
         return str(ref["id"])
     try:

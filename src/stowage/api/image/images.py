@@ -136,6 +136,13 @@ async def show_image(image_id: str, request: Request, ctx: Reader) -> JSONRespon
     return _json(svc.render(svc.get_image(cloud_of(request), ctx, image_id)))
 
 
+@router.get("/images/{image_id}/tasks")
+async def image_tasks(image_id: str, request: Request, ctx: Reader) -> JSONResponse:
+    """Glance 2.12's import tasks of an image; data arrives only by upload here, so none."""
+    svc.get_image(cloud_of(request), ctx, image_id)
+    return _json({"tasks": []})
+
+
 def _pointer(path: Any) -> tuple[str, ...]:
     """Decode a JSON pointer the way glance accepts one (no empty parts, only ~0 and ~1)."""
     if not isinstance(path, str) or not path.startswith("/"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid as uuidlib
 from collections.abc import Collection
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 from fastapi import Request
 
 from stowage.api.auth import cloud_of, require_context
-from stowage.api.common import ApiError, Context
+from stowage.api.common import ApiError, Context, loads
 from stowage.api.placement.microversion import require_version
 from stowage.services.placement import PlacementStore
 
@@ -64,7 +63,7 @@ async def body_of(request: Request) -> Any:
         )
     raw = await request.body()
     try:
-        return json.loads(raw)
+        return loads(raw)
     except ValueError:
         raise ApiError(400, "Malformed JSON: the request body is not valid JSON.") from None
 

@@ -1,0 +1,268 @@
+"""The all-in-one cloud's compute side: one simulated agent per host, the in-process bus,
+the conductor, and each agent's reconciler, all on the server's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from stowage.agent.metrics import AgentMetrics, AgentObserver, observe_agent
+from stowage.agent.reconciler import Reconciler
+from stowage.agent.runtime import AgentConfig
+from stowage.agent.server import AgentServer, ImageUpload
+from stowage.bus.inproc import InProcTransport
+from stowage.services.cloud import Cloud
+from stowage.services.conductor import Conductor, ConductorConfig
+from stowage.services.reconcile import Divergence, expected_on_host, record_divergence
+from stowage.virt.sim import SimConfig, SimDriver
+
+__all__ = ["LocalCompute", "make_reconciler", "make_upload_sink"]
+
+log = logging.getLogger(__name__)
+
+SIM_DISK_BYTES = 1024 * 1024
+RECONCILE_INTERVAL_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class _System:
+    project_id: str
+    is_admin: bool = True
+
+
+class _LocalUpload:
+    """A snapshot's data into the image store: every write and the commit off the loop."""
+
+    def __init__(self, upload: Any) -> None:
+        self._upload = upload
+
+    async def write(self, chunk: bytes) -> None:
+        await asyncio.to_thread(self._upload.write, chunk)
+
+    async def commit(self) -> None:
+        await asyncio.to_thread(self._upload.commit)
+
+    async def abort(self) -> None:
+        await asyncio.to_thread(self._upload.abort)
+
+
+class _Bridge:
+    """The bus as seen from another event loop (the API's): calls cross into the agents'."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, bus: InProcTransport) -> None:
+        self._loop = loop
+        self._bus = bus
+
+    async def call(
+        self, topic: str, method: str, payload: dict[str, Any], *, op_id: str, timeout_s: float
+    ) -> dict[str, Any]:
+        future = asyncio.run_coroutine_threadsafe(
+            self._bus.call(topic, method, payload, op_id=op_id, timeout_s=timeout_s), self._loop
+        )
+        return await asyncio.wrap_future(future)
+
+
+class LocalCompute:
+    """Starts and stops everything `stowage up` runs besides the APIs.
+
+    It all runs on an event loop of its own, in its own thread, as the agents and the
+    conductor would in their own processes: nothing the API does on its loop can hold an
+    agent's heartbeat or its work.
+    """
+
+    def __init__(self, cloud: Cloud) -> None:
+        self.cloud = cloud
+        self.bus = InProcTransport()
+        self.metrics = AgentMetrics.create()
+        config = cloud.config
+        self.conductor = Conductor(
+            cloud,
+            self.bus,
+            ConductorConfig(
+                call_timeout_s=config.op_timeout_s,
+                resize_confirm_window_s=config.resize_confirm_window_s,
+                live_migration_transfer_s=config.live_migration_s,
+            ),
+        )
+        self.agents: dict[str, AgentServer] = {}
+        self.reconcilers: dict[str, Reconciler] = {}
+        self._observers: list[AgentObserver] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start_thread(self) -> _Bridge:
+        """Run `start()` on a new loop in a daemon thread; returns the bus bridge."""
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def main() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as exc:
+                failure.append(exc)
+                started.set()
+                return
+            started.set()
+            loop.run_forever()
+            loop.run_until_complete(self.close())
+            loop.close()
+
+        self._thread = threading.Thread(target=main, name="stowage-compute", daemon=True)
+        self._thread.start()
+        started.wait()
+        if failure:
+            raise failure[0]
+        assert self._loop is not None
+        return _Bridge(self._loop, self.bus)
+
+    def stop_thread(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+
+    async def start(self) -> None:
+        cloud = self.cloud
+        names = await asyncio.to_thread(_host_names, cloud)
+        sim_dir = cloud.config.state_dir / "sim"
+        for name in names:
+            driver = SimDriver(
+                SimConfig(
+                    disk_bytes=SIM_DISK_BYTES,
+                    step_latency_s=(
+                        {"start": cloud.config.sim_step_s} if cloud.config.sim_step_s else {}
+                    ),
+                ),
+                disk_dir=sim_dir / name,
+            )
+            server = AgentServer(
+                name,
+                driver,
+                self.bus,
+                _heartbeat_of(cloud, name),
+                config=AgentConfig(heartbeat_interval_s=cloud.config.heartbeat_interval_s),
+                image_sink=make_upload_sink(cloud),
+            )
+            await server.serve()
+            self.agents[name] = server
+            self._observers.append(observe_agent(self.metrics, name, server.agent))
+            self.reconcilers[name] = make_reconciler(cloud, name, server, self.metrics)
+        # The ledger is the truth and the simulated hypervisors start empty: before any
+        # operation resumes, each runs again what the ledger places on it.
+        await self._restore_hypervisors()
+        cloud.kick = self.conductor.kick
+        self._tasks = [
+            asyncio.create_task(self.conductor.run(), name="conductor"),
+            asyncio.create_task(self._observe(), name="agent-metrics"),
+            *(
+                asyncio.create_task(r.run_forever(RECONCILE_INTERVAL_S), name=f"reconcile-{h}")
+                for h, r in self.reconcilers.items()
+            ),
+        ]
+
+    async def close(self) -> None:
+        self.cloud.kick = lambda: None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for server in self.agents.values():
+            await server.close()
+            if isinstance(server.driver, SimDriver):
+                server.driver.clear_faults()
+        await self.bus.close()
+
+    async def _restore_hypervisors(self) -> None:
+        from stowage.services.conductor import claim_of
+
+        cloud = self.cloud
+        for consumer_id, instance_id, host in await asyncio.to_thread(_placed, cloud):
+            server = self.agents.get(host)
+            claim = await asyncio.to_thread(claim_of, cloud, consumer_id)
+            if server is None or claim is None:
+                continue
+            pins = {int(k): int(v) for k, v in claim["pins"].items()}
+            result = await server.agent.spawn(
+                f"restore:{consumer_id}", instance_id, pins, claim["cells"], claim["memory_mb"]
+            )
+            doc = await asyncio.to_thread(cloud.objects.find, "instance", instance_id)
+            if result.ok and doc is not None and doc.body.get("vm_state") == "stopped":
+                await server.agent.power_off(f"restore-off:{consumer_id}", instance_id)
+            if not result.ok:
+                log.warning("could not restore %s on %s: %s", instance_id, host, result.error)
+
+    async def _observe(self) -> None:
+        while True:
+            for observer in self._observers:
+                observer.observe()
+            await asyncio.sleep(5.0)
+
+
+def make_reconciler(
+    cloud: Cloud, host: str, server: AgentServer, metrics: AgentMetrics
+) -> Reconciler:
+    """The host's reconciler: the hypervisor through its agent, the ledger directly."""
+
+    async def running() -> Any:
+        return await server.agent.running()
+
+    def record(divergence: Divergence) -> None:
+        record_divergence(cloud, host, divergence)
+
+    def busy() -> set[str]:
+        return {op.instance_id for op in cloud.operations.active(host=host)}
+
+    return Reconciler(
+        host, running, lambda: expected_on_host(cloud.ledger, host), record, metrics, busy=busy
+    )
+
+
+def make_upload_sink(cloud: Cloud) -> Any:
+    """Snapshot data straight into the image store (this process shares its directory)."""
+
+    async def sink(image_id: str, payload: dict[str, Any]) -> ImageUpload:
+        from stowage.services import images
+
+        caller = _System(str(payload.get("project_id") or ""))
+        upload = await asyncio.to_thread(images.begin_upload, cloud, caller, image_id)
+        return _LocalUpload(upload)
+
+    return sink
+
+
+def _host_names(cloud: Cloud) -> list[str]:
+    from stowage.services.compute import instance_hosts
+
+    return sorted(instance_hosts(cloud).values())
+
+
+def _heartbeat_of(cloud: Cloud, host: str) -> Any:
+    def beat() -> None:
+        cloud.ledger.heartbeat([host])
+
+    return beat
+
+
+def _placed(cloud: Cloud) -> list[tuple[str, str, str]]:
+    """(consumer, instance, host) for every consumer holding a host: instances and the
+    destination ends of moves in flight."""
+    from sqlalchemy import select
+
+    from stowage.ledger.db import READONLY
+    from stowage.ledger.schema import consumers, hosts
+
+    with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
+        rows = conn.execute(
+            select(consumers.c.id, consumers.c.instance_id, hosts.c.name)
+            .select_from(consumers.join(hosts, hosts.c.id == consumers.c.host_id))
+            .order_by(consumers.c.id)
+        ).all()
+    return [(str(c), str(i), str(h)) for c, i, h in rows]

@@ -1,0 +1,123 @@
+"""Production mode: the conductor and each host's agent as processes of their own, talking
+over RabbitMQ and sharing the ledger on PostgreSQL (the API runs as `stowage api`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from stowage.agent.metrics import AgentMetrics
+from stowage.agent.runtime import AgentConfig
+from stowage.agent.server import AgentServer
+from stowage.bus.base import Transport
+from stowage.domain.topology import HostSpec
+from stowage.services.cloud import Cloud
+from stowage.services.conductor import Conductor, ConductorConfig
+from stowage.virt.driver import Driver
+
+__all__ = ["run_agent", "run_conductor", "run_until_signal"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUS_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+async def run_until_signal(work: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run `work` until SIGINT or SIGTERM sets the event it is given."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await work(stop)
+
+
+async def _connect(bus_url: str) -> Transport:
+    from stowage.bus.rabbit import RabbitTransport
+
+    transport: Transport = await RabbitTransport.connect(bus_url)
+    return transport
+
+
+async def run_conductor(cloud: Cloud, bus_url: str, stop: asyncio.Event) -> None:
+    """Lease and drive operations until `stop`; several conductors may run at once."""
+    bus = await _connect(bus_url)
+    config = cloud.config
+    conductor = Conductor(
+        cloud,
+        bus,
+        ConductorConfig(
+            call_timeout_s=config.op_timeout_s,
+            resize_confirm_window_s=config.resize_confirm_window_s,
+            live_migration_transfer_s=config.live_migration_s,
+        ),
+    )
+    # Leases of a crashed conductor run out and are taken over; never void another's lease.
+    task = asyncio.create_task(conductor.run(take_over=False))
+    log.info("conductor %s running", conductor.owner)
+    try:
+        await stop.wait()
+    finally:
+        await _cancel(task)
+        await bus.close()
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def make_driver(
+    kind: str, spec: HostSpec, disk_dir: Path, *, libvirt_uri: str = "qemu:///system"
+) -> Driver:
+    if kind == "sim":
+        from stowage.virt.sim import SimConfig, SimDriver
+
+        return SimDriver(SimConfig(disk_bytes=1024 * 1024), disk_dir=disk_dir)
+    if kind == "libvirt":
+        from stowage.virt.libvirt_driver import LibvirtDriver
+
+        return LibvirtDriver(libvirt_uri, spec.topology, disk_dir)
+    raise ValueError(f"unknown driver {kind!r}: sim or libvirt")
+
+
+async def run_agent(
+    cloud: Cloud,
+    spec: HostSpec,
+    driver: Driver,
+    bus_url: str,
+    stop: asyncio.Event,
+) -> None:
+    """Register the host, then heartbeat and serve its operations until `stop`."""
+    from stowage.agent.local import make_reconciler, make_upload_sink
+
+    await asyncio.to_thread(cloud.ledger.register_host, spec)
+    bus = await _connect(bus_url)
+    metrics = AgentMetrics.create()
+
+    def beat() -> None:
+        cloud.ledger.heartbeat([spec.name])
+
+    server = AgentServer(
+        spec.name,
+        driver,
+        bus,
+        beat,
+        config=AgentConfig(heartbeat_interval_s=cloud.config.heartbeat_interval_s),
+        image_sink=make_upload_sink(cloud),
+    )
+    await server.serve()
+    reconciler = make_reconciler(cloud, spec.name, server, metrics)
+    task: asyncio.Task[Any] = asyncio.create_task(reconciler.run_forever(60.0))
+    log.info("agent of %s serving", spec.name)
+    try:
+        await stop.wait()
+    finally:
+        await _cancel(task)
+        await server.close()
+        await bus.close()

@@ -1,0 +1,249 @@
+"""An agent on the bus: one host's compute service, its operations and its sim controls.
+
+Two topics per host: `compute.<host>` carries the operations the conductor sends (each keyed
+by an op id, so a redelivery is answered, not repeated) and `control.<host>` carries the
+simulation controls behind `stowage sim` (stop, start, fault, slow-disk, clear, show), which
+answer even while the agent is "stopped".
+
+A stopped agent neither heartbeats nor executes: operations wait in its queue, as they would
+in RabbitMQ for a `systemctl stop`ped nova-compute. A crash (an injected `crash` fault) stops
+it the same way, forgets what it was doing, and restarts it a moment later; the interrupted
+operation then runs again from the start, which every operation here allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from stowage.agent.runtime import Agent, AgentConfig, OpResult
+from stowage.bus.base import Transport
+from stowage.virt.driver import Driver, DriverCrashed, InstanceNotFound, InstanceState
+
+__all__ = ["AgentServer", "ImageSink", "ImageUpload", "compute_topic", "control_topic"]
+
+log = logging.getLogger(__name__)
+
+Payload = dict[str, Any]
+
+
+def compute_topic(host: str) -> str:
+    return f"compute.{host}"
+
+
+def control_topic(host: str) -> str:
+    return f"control.{host}"
+
+
+class ImageUpload(Protocol):
+    """One snapshot's data on its way to the image service."""
+
+    async def write(self, chunk: bytes) -> None: ...
+
+    async def commit(self) -> None: ...
+
+    async def abort(self) -> None: ...
+
+
+ImageSink = Callable[[str, Payload], Awaitable[ImageUpload]]
+"""Opens the upload of an image's data: `(image_id, context) -> upload`."""
+
+
+class _Crashed(Exception):
+    """The hypervisor connection died under an operation: the agent process goes down."""
+
+
+class AgentServer:
+    """Serves one host's `Agent` on the bus; `stop()`/`start()` act like the service's."""
+
+    def __init__(
+        self,
+        host: str,
+        driver: Driver,
+        bus: Transport,
+        heartbeat: Callable[[], None],
+        *,
+        config: AgentConfig | None = None,
+        image_sink: ImageSink | None = None,
+        crash_restart_s: float = 1.0,
+    ) -> None:
+        self.host = host
+        self.driver = driver
+        self.bus = bus
+        self.image_sink = image_sink
+        self.crash_restart_s = crash_restart_s
+        self._beat = heartbeat
+        self.agent = Agent(driver, self._heartbeat, config)
+        self._up = asyncio.Event()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.crashes = 0
+        self.ops_done: dict[str, int] = {}
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Start the agent and listen on both topics."""
+        await self.agent.start()
+        self._up.set()
+        await self.bus.serve(compute_topic(self.host), self._handle)
+        await self.bus.serve(control_topic(self.host), self._control)
+
+    async def close(self) -> None:
+        self._up.set()  # let waiting handlers run into the closed pools and end
+        await self.agent.stop(grace_s=1.0)
+
+    @property
+    def running(self) -> bool:
+        return self._up.is_set()
+
+    def stop(self) -> None:
+        """Like `systemctl stop`: no heartbeats, no operations, until `start()`."""
+        self._up.clear()
+
+    def start(self) -> None:
+        self._up.set()
+
+    def _heartbeat(self) -> None:
+        if self._up.is_set():
+            self._beat()
+
+    async def _crash(self, reason: str) -> None:
+        self.crashes += 1
+        self.agent.forget()  # a restarted process remembers no operation
+        log.error(
+            "agent %s crashed (%s); restarting in %.1f s", self.host, reason, self.crash_restart_s
+        )
+        self.stop()
+        await asyncio.sleep(self.crash_restart_s)
+        self.start()
+
+    # -- operations ------------------------------------------------------------------
+
+    async def _handle(self, method: str, payload: Payload, op_id: str) -> Payload:
+        """Run one operation; a crash in the middle runs it again after the restart."""
+        while True:
+            await self._up.wait()
+            instance_id = str(payload.get("instance_id", ""))
+            lock = self._locks.setdefault(instance_id, asyncio.Lock())
+            try:
+                async with lock:
+                    await self._up.wait()
+                    reply = await self._run(method, payload, op_id)
+            except (_Crashed, DriverCrashed) as exc:
+                await self._crash(str(exc))
+                continue
+            key = f"{method}:{'ok' if reply.get('ok') else 'error'}"
+            self.ops_done[key] = self.ops_done.get(key, 0) + 1
+            return reply
+
+    async def _run(self, method: str, payload: Payload, op_id: str) -> Payload:
+        instance_id = str(payload.get("instance_id", ""))
+        agent = self.agent
+        if method == "spawn":
+            present = (await agent.running()).get(instance_id)
+            pins = {int(k): int(v) for k, v in dict(payload.get("pins") or {}).items()}
+            if present is not None and present["pins"] == pins:
+                # A repeated spawn: finished already, or interrupted after the define.
+                if present["state"] == InstanceState.RUNNING:
+                    return {"ok": True, "already": True}
+                return await self._result(await agent.power_on(op_id + ":resume", instance_id))
+            if present is not None:
+                await self._result(await agent.destroy(op_id + ":stale", instance_id))
+            return await self._result(
+                await agent.spawn(
+                    op_id,
+                    instance_id,
+                    pins,
+                    [int(c) for c in payload.get("cells") or []],
+                    int(payload.get("memory_mb") or 0),
+                )
+            )
+        if method == "destroy":
+            result = await agent.destroy(op_id, instance_id)
+            if not result.ok and result.error_code == InstanceNotFound.code:
+                return {"ok": True, "absent": True}
+            return await self._result(result)
+        if method in ("power_off", "power_on", "reboot"):
+            call = getattr(agent, method)
+            return await self._result(await call(op_id, instance_id))
+        if method == "snapshot":
+            return await self._snapshot(instance_id, payload)
+        if method == "running":
+            return {"ok": True, "instances": _running_view(await agent.running())}
+        return {"ok": False, "code": "agent.method.unknown", "error": f"no method {method!r}"}
+
+    async def _result(self, result: OpResult) -> Payload:
+        if result.ok:
+            return {"ok": True, "duration_s": result.duration_s}
+        return {"ok": False, "code": result.error_code, "error": result.error}
+
+    async def _snapshot(self, instance_id: str, payload: Payload) -> Payload:
+        if self.image_sink is None:
+            return {"ok": False, "code": "agent.snapshot.no_sink", "error": "no image service"}
+        upload = await self.image_sink(str(payload["image_id"]), payload)
+        try:
+            sent = await self.agent.snapshot(instance_id, upload.write)
+        except DriverCrashed as exc:
+            await upload.abort()
+            raise _Crashed(str(exc)) from None
+        except Exception as exc:
+            await upload.abort()
+            code = getattr(exc, "code", "agent.snapshot.failed")
+            return {"ok": False, "code": code, "error": str(exc)}
+        await upload.commit()
+        return {"ok": True, "bytes": sent}
+
+    # -- simulation controls -----------------------------------------------------------
+
+    async def _control(self, method: str, payload: Payload, op_id: str) -> Payload:
+        from stowage.virt.sim import FaultKind, SimDriver
+
+        if method == "show":
+            return self.show(await asyncio.to_thread(self.driver.running))
+        if method == "stop":
+            self.stop()
+        elif method == "start":
+            self.start()
+        elif not isinstance(self.driver, SimDriver):
+            raise ValueError(f"{method} needs the simulated driver; {self.host} runs another")
+        elif method == "fault":
+            self.driver.inject(
+                str(payload["operation"]),
+                str(payload["step"]),
+                FaultKind(str(payload.get("action", "fail"))),
+                int(payload.get("times", 1)),
+            )
+        elif method == "slow_disk":
+            seconds = float(payload["seconds"])
+            if seconds < 0:
+                raise ValueError("seconds must be >= 0")
+            self.driver.config.slow_disk_s = seconds
+        elif method == "clear":
+            self.driver.clear_faults()
+            self.driver.config.slow_disk_s = 0.0
+        else:
+            raise ValueError(f"unknown control {method!r}")
+        return self.show(await asyncio.to_thread(self.driver.running))
+
+    def show(self, running: dict[str, Any]) -> Payload:
+        agent = self.agent
+        return {
+            "host": self.host,
+            "running": self.running,
+            "crashes": self.crashes,
+            "heartbeat_gap_max_s": round(agent.heartbeat_gap_max_s, 3),
+            "loop_lag_max_s": round(agent.watchdog.lag_max_s, 3),
+            "slow_disk_s": getattr(getattr(self.driver, "config", None), "slow_disk_s", None),
+            "instances": _running_view(running),
+            "at": time.time(),
+        }
+
+
+def _running_view(running: dict[str, Any]) -> dict[str, Any]:
+    return {
+        iid: {"state": str(inst["state"]), "pins": {str(k): v for k, v in inst["pins"].items()}}
+        for iid, inst in sorted(running.items())
+    }

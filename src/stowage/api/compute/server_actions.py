@@ -1,0 +1,126 @@
+"""Compute v2.1: the server actions beside power, moves, images and rebuild: security groups
+(added to and removed from the server's ports), backups, restore and injectNetworkInfo."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from stowage.api.auth import cloud_of
+from stowage.api.common import ApiError, Context
+from stowage.api.compute.microversion import mv
+from stowage.ledger.objects import Document
+from stowage.services import images as image_service
+from stowage.services import networks as net
+from stowage.services.cloud import Cloud
+from stowage.services.compute import record_action, snapshot_server
+
+__all__ = ["EXTRA_ACTIONS", "extra_action"]
+
+EXTRA_ACTIONS = frozenset(
+    {"addSecurityGroup", "removeSecurityGroup", "createBackup", "injectNetworkInfo", "restore"}
+)
+
+
+async def extra_action(
+    request: Request, ctx: Context, doc: Document, action: str, args: Any
+) -> Response:
+    """Carry out one of EXTRA_ACTIONS (or an admin's injectNetworkInfo) on the server."""
+    cloud = cloud_of(request)
+    rid = request.state.request_id
+    args = args if isinstance(args, dict) else {}
+    if action == "injectNetworkInfo":
+        if not ctx.is_admin:
+            raise ApiError(
+                403, "Policy doesn't allow os_compute_api:os-admin-actions:inject_network_info."
+            )
+        # Addresses come from the ports; a simulated guest has no agent to inject them into.
+        record_action(cloud, doc.id, "inject_network_info", ctx.user_id, ctx.project_id, rid)
+        return Response(status_code=202)
+    if action == "restore":
+        # Deletes are immediate here (Nova's reclaim_instance_interval = 0): nothing is ever
+        # soft-deleted, so there is never a server to restore.
+        raise ApiError(
+            409,
+            f"Cannot 'restore' instance {doc.id} while it is in vm_state {doc.body['vm_state']}",
+        )
+    if action == "createBackup":
+        return await _backup(request, ctx, doc, args)
+    name = args.get("name")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, f"Invalid input for field/attribute {action}: 'name' is required")
+    add = action == "addSecurityGroup"
+    await asyncio.to_thread(_change_groups, cloud, ctx, doc, name, add=add)
+    return Response(status_code=202)
+
+
+def _change_groups(cloud: Cloud, ctx: Context, doc: Document, name: str, *, add: bool) -> None:
+    project = str(doc.body.get("project_id"))
+    groups = [
+        g
+        for g in net.list_security_groups(cloud, ctx)
+        if g.get("project_id") == project and name in (g["id"], g["name"])
+    ]
+    if not groups:
+        raise ApiError(404, f"Security group {name} not found for project {project}.")
+    group = groups[0]
+    names = list(doc.body.get("security_groups") or [])
+    ports = [p for p in net.list_ports(cloud, ctx) if p.get("device_id") == doc.id]
+    has = group["name"] in names or any(group["id"] in p.get("security_groups", []) for p in ports)
+    if add and has:
+        raise ApiError(400, f"Security group {name} is already associated with the instance.")
+    if not add and not has:
+        raise ApiError(400, f"Security group {name} not associated with the instance.")
+    for port in ports:
+        ids = [g for g in port.get("security_groups", []) if g != group["id"]]
+        if add:
+            ids.append(group["id"])
+        net.update_port(cloud, ctx, port["id"], {"security_groups": ids})
+    body = dict(doc.body)
+    body["security_groups"] = (
+        [*names, group["name"]] if add else [n for n in names if n != group["name"]]
+    )
+    cloud.objects.update("instance", doc.id, body)
+
+
+async def _backup(request: Request, ctx: Context, doc: Document, args: dict[str, Any]) -> Response:
+    """A snapshot tagged as a backup; the oldest backups of the same type beyond `rotation`
+    are deleted, as Nova's rotation does."""
+    cloud = cloud_of(request)
+    name, kind = args.get("name"), args.get("backup_type")
+    rotation: Any = args.get("rotation")
+    if not isinstance(name, str) or not name.strip():
+        raise ApiError(400, "Invalid input for field/attribute name: required")
+    if not isinstance(kind, str) or not kind:
+        raise ApiError(400, "Invalid input for field/attribute backup_type: required")
+    try:
+        keep = int(rotation)
+    except (TypeError, ValueError):
+        raise ApiError(400, "Invalid input for field/attribute rotation: an integer") from None
+    if keep < 0:
+        raise ApiError(400, "Invalid input for field/attribute rotation: at least 0")
+    metadata = {"image_type": "backup", "backup_type": kind}
+    rid = request.state.request_id
+    image_id = await asyncio.to_thread(snapshot_server, cloud, ctx, doc.id, name, metadata, rid)
+    record_action(cloud, doc.id, "createBackup", ctx.user_id, ctx.project_id, rid)
+    await asyncio.to_thread(_rotate, cloud, ctx, doc.id, kind, keep)
+    if mv(request) >= (2, 45):
+        return JSONResponse({"image_id": image_id}, status_code=202)
+    location = f"{cloud.config.base_url}/image/v2/images/{image_id}"
+    return Response(status_code=202, headers={"Location": location})
+
+
+def _rotate(cloud: Cloud, ctx: Context, server_id: str, kind: str, keep: int) -> None:
+    backups = [
+        d
+        for d in cloud.objects.list("image")
+        if d.body.get("instance_uuid") == server_id
+        and d.body.get("image_type") == "backup"
+        and d.body.get("backup_type") == kind
+    ]
+    backups.sort(key=lambda d: (d.created_at, d.id), reverse=True)
+    for old in backups[keep:]:
+        image_service.delete_image(cloud, ctx, old.id)

@@ -1,0 +1,274 @@
+"""The operations table: the conductor's durable, leased work queue."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, insert, or_, select, update
+
+from stowage.ledger.db import READONLY
+from stowage.ledger.schema import operations
+
+__all__ = ["ACTIVE_STATES", "TERMINAL_STATES", "Operation", "Operations"]
+
+ACTIVE_STATES = ("pending", "unknown")
+TERMINAL_STATES = ("done", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    id: str
+    kind: str
+    instance_id: str
+    host: str
+    migration_id: str | None
+    state: str
+    step: str
+    payload: dict[str, Any]
+    result: dict[str, Any] | None
+    attempts: int
+    created_at: float
+    next_at: float
+
+    @property
+    def call_id(self) -> str:
+        """The op id of this step's agent call: a resumed step is recognised by the agent.
+
+        A step tried again after the agent said it failed is a new call (`retry` counts
+        them), so the agent runs it again instead of repeating its failure.
+        """
+        retry = int(self.payload.get("retry", 0))
+        return f"{self.id}:{self.step}" + (f":{retry}" if retry else "")
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+def _row(row: Any) -> Operation:
+    return Operation(
+        id=row.id,
+        kind=row.kind,
+        instance_id=row.instance_id,
+        host=row.host,
+        migration_id=row.migration_id,
+        state=row.state,
+        step=row.step,
+        payload=json.loads(row.payload),
+        result=None if row.result is None else json.loads(row.result),
+        attempts=row.attempts,
+        created_at=row.created_at,
+        next_at=row.next_at,
+    )
+
+
+class Operations:
+    """Insert, lease, advance and wait for operations; every write may join a caller's commit."""
+
+    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self.clock = clock
+
+    def enqueue(
+        self,
+        kind: str,
+        instance_id: str,
+        host: str,
+        *,
+        step: str,
+        payload: Mapping[str, Any] | None = None,
+        migration_id: str | None = None,
+        conn: Connection | None = None,
+    ) -> str:
+        """A new pending operation, due now; inside `conn`'s transaction when given."""
+        op_id = "op-" + uuid.uuid4().hex
+        now = self.clock()
+        values = {
+            "id": op_id,
+            "kind": kind,
+            "instance_id": instance_id,
+            "host": host,
+            "migration_id": migration_id,
+            "state": "pending",
+            "step": step,
+            "payload": json.dumps(dict(payload or {}), sort_keys=True),
+            "result": None,
+            "attempts": 0,
+            "created_at": now,
+            "updated_at": now,
+            "next_at": now,
+            "owner": None,
+            "lease_until": None,
+        }
+        if conn is not None:
+            conn.execute(insert(operations).values(**values))
+        else:
+            with self.engine.begin() as own:
+                own.execute(insert(operations).values(**values))
+        return op_id
+
+    def advance(
+        self,
+        conn: Connection,
+        op_id: str,
+        *,
+        state: str | None = None,
+        step: str | None = None,
+        host: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        result: Mapping[str, Any] | None = None,
+        retry_in_s: float | None = None,
+        attempts: int | None = None,
+    ) -> None:
+        """Move an operation on, inside the caller's transaction (with what it changes)."""
+        now = self.clock()
+        values: dict[str, Any] = {"updated_at": now}
+        if state is not None:
+            values["state"] = state
+            if state in TERMINAL_STATES:
+                values.update(owner=None, lease_until=None)
+        if step is not None:
+            values["step"] = step
+        if host is not None:
+            values["host"] = host
+        if payload is not None:
+            values["payload"] = json.dumps(dict(payload), sort_keys=True)
+        if result is not None:
+            values["result"] = json.dumps(dict(result), sort_keys=True)
+        if attempts is not None:
+            values["attempts"] = attempts
+        values["next_at"] = now + (retry_in_s or 0.0)
+        conn.execute(update(operations).where(operations.c.id == op_id).values(**values))
+
+    def update(self, op_id: str, **changes: Any) -> None:
+        with self.engine.begin() as conn:
+            self.advance(conn, op_id, **changes)
+
+    def lease(
+        self,
+        owner: str,
+        *,
+        lease_s: float,
+        limit: int,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[Operation]:
+        """Take up to `limit` due operations nobody else holds (compare-and-swap per row);
+        `exclude` names operations the caller is already driving."""
+        now = self.clock()
+        free = or_(
+            operations.c.owner.is_(None),
+            operations.c.owner == owner,
+            operations.c.lease_until < now,
+        )
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            due = conn.execute(
+                select(operations.c.id)
+                .where(
+                    operations.c.state.in_(ACTIVE_STATES),
+                    operations.c.next_at <= now,
+                    free,
+                )
+                .order_by(operations.c.created_at, operations.c.id)
+                .limit(limit + len(exclude))
+            ).scalars()
+            candidates = [op_id for op_id in due if op_id not in exclude][:limit]
+        taken: list[str] = []
+        for op_id in candidates:
+            with self.engine.begin() as conn:
+                won = conn.execute(
+                    update(operations)
+                    .where(
+                        operations.c.id == op_id,
+                        operations.c.state.in_(ACTIVE_STATES),
+                        free,
+                    )
+                    .values(owner=owner, lease_until=now + lease_s)
+                ).rowcount
+            if won:
+                taken.append(op_id)
+        return [op for op in (self.find(i) for i in taken) if op is not None]
+
+    def renew(self, owner: str, op_ids: Sequence[str], *, lease_s: float) -> None:
+        if not op_ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(operations)
+                .where(operations.c.owner == owner, operations.c.id.in_(list(op_ids)))
+                .values(lease_until=self.clock() + lease_s)
+            )
+
+    def let_go(self, owner: str, op_id: str) -> None:
+        """Give an operation back (its next try is due later) without finishing it."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(operations)
+                .where(operations.c.id == op_id, operations.c.owner == owner)
+                .values(owner=None, lease_until=None)
+            )
+
+    def take_over(self, owner: str) -> int:
+        """At start-up: every active operation's lease is void (its conductor is gone)."""
+        with self.engine.begin() as conn:
+            return conn.execute(
+                update(operations)
+                .where(operations.c.state.in_(ACTIVE_STATES), operations.c.owner != owner)
+                .values(owner=None, lease_until=None)
+            ).rowcount
+
+    def find(self, op_id: str) -> Operation | None:
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            row = conn.execute(select(operations).where(operations.c.id == op_id)).first()
+        return None if row is None else _row(row)
+
+    def active(self, *, instance_id: str | None = None, host: str | None = None) -> list[Operation]:
+        """Unfinished operations, oldest first, of an instance or of a host."""
+        query = select(operations).where(operations.c.state.in_(ACTIVE_STATES))
+        if instance_id is not None:
+            query = query.where(operations.c.instance_id == instance_id)
+        if host is not None:
+            query = query.where(operations.c.host == host)
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            rows = conn.execute(query.order_by(operations.c.created_at, operations.c.id)).all()
+        return [_row(r) for r in rows]
+
+    def of_migration(self, migration_id: str) -> list[Operation]:
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            rows = conn.execute(
+                select(operations)
+                .where(operations.c.migration_id == migration_id)
+                .order_by(operations.c.created_at)
+            ).all()
+        return [_row(r) for r in rows]
+
+    def wait_instances(self, instance_ids: Sequence[str], timeout_s: float) -> bool:
+        """Block until the instances' current operations are finished (or `timeout_s`)."""
+        op_ids = [op.id for i in instance_ids for op in self.active(instance_id=i)]
+        return self.wait(op_ids, timeout_s)
+
+    def wait(self, op_ids: Sequence[str], timeout_s: float, *, poll_s: float = 0.02) -> bool:
+        """Block until every operation is finished or `timeout_s` passed; True when finished."""
+        if not op_ids:
+            return True
+        deadline = time.monotonic() + timeout_s
+        wanted = list(op_ids)
+        while True:
+            with self.engine.connect().execution_options(**READONLY) as conn:
+                open_n = conn.execute(
+                    select(operations.c.id).where(
+                        and_(
+                            operations.c.id.in_(wanted),
+                            operations.c.state.in_(ACTIVE_STATES),
+                        )
+                    )
+                ).all()
+            if not open_n:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)

@@ -1,0 +1,678 @@
+"""The conductor: drives every long operation through the agents, one durable step at a time.
+
+An operation (a row of `operations`) names the agent its next step talks to. The conductor
+leases due operations, calls the agent with the step's op id (`<op>:<step>`, so a repeated call
+is answered from the agent's memory, or re-run harmlessly), and commits what the answer means
+in one transaction: the operation's new step, the instance's and the migration's documents,
+and the claims that change hands.
+
+Three answers are possible: done, failed (the agent says it did not happen), or unknown (no
+answer in time: the agent is stopped, slow or gone). Unknown never guesses: the step is tried
+again later with the same op id, and both ends of a move stay held meanwhile. A move whose
+preparation on the destination cannot be confirmed goes to `error` and is then undone on the
+destination (`abort_dest`) as soon as that agent answers, ending `failed`: no status means
+"maybe" for long, and nothing of a failed attempt stays behind.
+
+Steps per kind (the host each talks to in brackets):
+
+    build          spawn [dest]
+    delete         destroy [host] -> claims released, instance gone
+    cleanup        destroy [host]               (what is left on a host after a move or a
+                                                 delete while that host was down)
+    power          power [host]
+    rebuild        destroy [host] -> spawn [host]
+    snapshot       snapshot [host]
+    live-migration prepare [dest] -> source_cleanup [source] -> completed
+    evacuation     prepare [dest] -> done; a cleanup op for the (down) source
+    migration      prepare [dest] -> finished (VERIFY_RESIZE)
+    resize         prepare [dest] -> finished (VERIFY_RESIZE)
+    confirm        source_cleanup [source] -> confirmed
+    revert         abort_dest [dest] -> reverted
+    any move       abort_dest [dest] -> failed (or cancelled when aborted)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from stowage.bus.base import BusError, RemoteError, Transport
+from stowage.domain.errors import NotFound
+from stowage.domain.topology import ResourceClass
+from stowage.ledger.db import READONLY
+from stowage.ledger.operations import Operation, Operations
+from stowage.ledger.schema import allocations, consumers, hosts, numa_claims, pins
+from stowage.services.cloud import Cloud
+
+__all__ = ["Conductor", "ConductorConfig", "claim_of"]
+
+log = logging.getLogger(__name__)
+
+Reply = dict[str, Any]
+
+POWER_METHODS = {"os-stop": "power_off", "os-start": "power_on", "reboot": "reboot"}
+MOVE_KINDS = ("live-migration", "evacuation", "migration", "resize")
+_AFTER_POWER = {
+    "os-stop": ("SHUTOFF", "stopped", 4),
+    "os-start": ("ACTIVE", "active", 1),
+    "reboot": ("ACTIVE", "active", 1),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ConductorConfig:
+    call_timeout_s: float = 10.0  # one agent call; past it the step's outcome is unknown
+    poll_s: float = 0.2
+    lease_s: float = 60.0
+    retry_s: float = 0.5  # first retry of an unknown step; doubles up to retry_max_s
+    retry_max_s: float = 10.0
+    concurrency_max: int = 64
+    resize_confirm_window_s: float = 0.0  # 0: never confirm a resize automatically
+    live_migration_transfer_s: float = 0.0  # the simulated memory copy of a live migration
+
+
+def claim_of(cloud: Cloud, consumer_id: str) -> dict[str, Any] | None:
+    """What the ledger gives a consumer: its host, guest vCPU -> pCPU pins, cells, memory."""
+    with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
+        host = conn.execute(
+            select(hosts.c.name)
+            .select_from(consumers.join(hosts, hosts.c.id == consumers.c.host_id))
+            .where(consumers.c.id == consumer_id)
+        ).scalar()
+        if host is None:
+            return None
+        pinned = conn.execute(
+            select(pins.c.guest_vcpu, pins.c.cpu_id).where(
+                pins.c.consumer_id == consumer_id, pins.c.guest_vcpu.is_not(None)
+            )
+        ).all()
+        cells = conn.execute(
+            select(numa_claims.c.cell_id)
+            .where(numa_claims.c.consumer_id == consumer_id)
+            .order_by(numa_claims.c.guest_cell)
+        ).scalars()
+        memory = conn.execute(
+            select(allocations.c.amount).where(
+                allocations.c.consumer_id == consumer_id,
+                allocations.c.resource_class == ResourceClass.MEMORY_MB.value,
+            )
+        ).scalar()
+        return {
+            "host": host,
+            "pins": {str(v): int(c) for v, c in pinned},
+            "cells": [int(c) for c in cells],
+            "memory_mb": int(memory or 0),
+        }
+
+
+class _Wait(Exception):
+    """Try the step again later, holding everything: its outcome is unknown, or (`failed`)
+    the agent said it failed and the next try is a new call."""
+
+    def __init__(self, message: str, *, failed: bool = False) -> None:
+        super().__init__(message)
+        self.failed = failed
+
+
+class Conductor:
+    """Leases due operations and drives each in a task of its own."""
+
+    def __init__(
+        self,
+        cloud: Cloud,
+        bus: Transport,
+        config: ConductorConfig | None = None,
+        *,
+        owner: str | None = None,
+    ) -> None:
+        self.cloud = cloud
+        self.bus = bus
+        self.config = config or ConductorConfig()
+        self.owner = owner or "conductor-" + uuid.uuid4().hex[:12]
+        self.ops = Operations(cloud.ledger.engine, clock=cloud.clock)
+        self._active: dict[str, asyncio.Task[None]] = {}
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.steps_run = 0
+
+    # -- the loop --------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Look for due work now (safe from any thread)."""
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            loop.call_soon_threadsafe(wake.set)
+
+    async def run(self, *, take_over: bool = True) -> None:
+        """Drive operations until cancelled; `take_over` voids leases of a previous run."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        if take_over:
+            taken = await asyncio.to_thread(self.ops.take_over, self.owner)
+            if taken:
+                log.info("conductor %s resumes %d operation(s)", self.owner, taken)
+        renewed_at = time.monotonic()
+        confirmed_at = time.monotonic()
+        try:
+            while True:
+                await self._lease_and_start()
+                now = time.monotonic()
+                if now - renewed_at > self.config.lease_s / 3:
+                    renewed_at = now
+                    await asyncio.to_thread(
+                        self.ops.renew, self.owner, list(self._active), lease_s=self.config.lease_s
+                    )
+                if self.config.resize_confirm_window_s > 0 and now - confirmed_at > 1.0:
+                    confirmed_at = now
+                    await asyncio.to_thread(self._auto_confirm)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.config.poll_s):
+                        await self._wake.wait()
+                self._wake.clear()
+        finally:
+            for task in self._active.values():
+                task.cancel()
+            await asyncio.gather(*self._active.values(), return_exceptions=True)
+
+    async def _lease_and_start(self) -> None:
+        room = self.config.concurrency_max - len(self._active)
+        if room <= 0:
+            return
+        leased = await asyncio.to_thread(
+            functools.partial(
+                self.ops.lease,
+                self.owner,
+                lease_s=self.config.lease_s,
+                limit=room,
+                exclude=frozenset(self._active),
+            )
+        )
+        blocked = await asyncio.to_thread(self._hosts_with_cleanups)
+        for op in leased:
+            if op.id in self._active:
+                continue
+            # A host's clean-ups run before anything new starts there, so a new instance never
+            # lands on pCPUs that an instance being cleaned up still runs on.
+            if op.kind not in ("cleanup", "delete") and op.host in blocked.get(op.id, set()):
+                await asyncio.to_thread(self.ops.let_go, self.owner, op.id)
+                continue
+            task = asyncio.create_task(self._drive(op), name=f"op:{op.id}")
+            self._active[op.id] = task
+            task.add_done_callback(self._forget_task)
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        for op_id, known in list(self._active.items()):
+            if known is task:
+                del self._active[op_id]
+
+    def _hosts_with_cleanups(self) -> dict[str, set[str]]:
+        """For each active op: the hosts with an older, unfinished clean-up."""
+        active = self.ops.active()
+        blocked: dict[str, set[str]] = {}
+        cleaning: set[str] = set()
+        for op in active:
+            blocked[op.id] = set(cleaning)
+            if op.kind in ("cleanup", "delete"):
+                cleaning.add(op.host)
+        return blocked
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until no operation is active (tests and shutdown); True when drained."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not await asyncio.to_thread(self.ops.active):
+                return True
+            self.kick()
+            await asyncio.sleep(0.05)
+        return False
+
+    # -- one operation -----------------------------------------------------------------
+
+    async def _drive(self, op: Operation) -> None:
+        try:
+            current: Operation | None = op
+            while current is not None and not current.finished:
+                try:
+                    await self._step(current)
+                except _Wait as why:
+                    await asyncio.to_thread(self._retry_later, current, str(why), why.failed)
+                    return
+                except NotFound as exc:
+                    # The instance (or its migration) is gone: a delete overtook this op.
+                    await asyncio.to_thread(self._give_up, current, str(exc))
+                    return
+                self.steps_run += 1
+                current = await asyncio.to_thread(self.ops.find, current.id)
+        except Exception:
+            log.exception("operation %s (%s) failed in the conductor", op.id, op.kind)
+            await asyncio.to_thread(self._retry_later, op, "conductor error")
+
+    def _retry_later(self, op: Operation, why: str, failed: bool = False) -> None:
+        attempts = op.attempts + 1
+        delay_s = min(self.config.retry_max_s, self.config.retry_s * 2 ** min(attempts - 1, 8))
+        log.info("op %s %s/%s waits %.1f s: %s", op.id, op.kind, op.step, delay_s, why)
+        current = self.ops.find(op.id) or op  # a step may have moved it on before waiting
+        payload = dict(current.payload)
+        if failed:
+            payload["retry"] = int(payload.get("retry", 0)) + 1
+        with self.cloud.ledger.engine.begin() as conn:
+            self.ops.advance(
+                conn,
+                op.id,
+                state="unknown",
+                attempts=attempts,
+                retry_in_s=delay_s,
+                payload=payload,
+                result={"waiting": why},
+            )
+        self.ops.let_go(self.owner, op.id)
+
+    def _give_up(self, op: Operation, why: str) -> None:
+        with self.cloud.ledger.engine.begin() as conn:
+            self.ops.advance(conn, op.id, state="failed", result={"error": why})
+
+    async def _call(self, op: Operation, method: str, payload: dict[str, Any]) -> Reply:
+        """The agent's answer to this step; `_Wait` when there is none in time."""
+        from stowage.agent.server import compute_topic
+
+        try:
+            reply = await self.bus.call(
+                compute_topic(op.host),
+                method,
+                {"instance_id": op.instance_id, **payload},
+                op_id=op.call_id,
+                timeout_s=self.config.call_timeout_s,
+            )
+        except RemoteError as exc:
+            return {"ok": False, "code": exc.kind, "error": exc.message}
+        except BusError as exc:
+            raise _Wait(f"{op.host}: {exc}") from None
+        return reply
+
+    async def _step(self, op: Operation) -> None:
+        handler = getattr(self, "_step_" + op.step)
+        await handler(op)
+
+    # -- steps ---------------------------------------------------------------------------
+
+    async def _step_spawn(self, op: Operation) -> None:
+        claim = await asyncio.to_thread(claim_of, self.cloud, op.instance_id)
+        if claim is None:
+            raise NotFound(f"instance {op.instance_id} holds no claim")
+        reply = await self._call(op, "spawn", claim)
+        await asyncio.to_thread(self._spawned, op, reply)
+
+    def _spawned(self, op: Operation, reply: Reply) -> None:
+        cloud = self.cloud
+        body = dict(cloud.objects.get("instance", op.instance_id).body)
+        if reply.get("ok"):
+            body.update(status="ACTIVE", vm_state="active", power_state=1, task_state=None)
+            if op.kind == "build":
+                body["launched_at"] = cloud.clock()
+            else:
+                body["fault"] = None
+            with cloud.ledger.engine.begin() as conn:
+                cloud.objects.update_in(conn, "instance", op.instance_id, body)
+                self.ops.advance(conn, op.id, state="done", result=reply)
+            _event(cloud, op, body, "Success", None)
+            return
+        message = f"Build of instance {op.instance_id} aborted: {reply.get('error')}"
+        body.update(status="ERROR", vm_state="error", power_state=0, task_state=None)
+        body["fault"] = {
+            "code": 500,
+            "message": message,
+            "created": cloud.clock(),
+            "details": str(reply.get("code") or ""),
+        }
+        if op.kind == "build":
+            # A failed build holds nothing: its claim and its ports go with the error.
+            from stowage.services import networks
+
+            body["host"] = None
+
+            def write(conn: Connection) -> None:
+                cloud.objects.update_in(conn, "instance", op.instance_id, body)
+                self.ops.advance(conn, op.id, state="failed", result=reply)
+
+            cloud.ledger.release(op.instance_id, forget=False, also=write)
+            networks.release_ports(cloud, op.instance_id)
+            self.ops.enqueue("cleanup", op.instance_id, op.host, step="destroy")
+        else:
+            with cloud.ledger.engine.begin() as conn:
+                cloud.objects.update_in(conn, "instance", op.instance_id, body)
+                self.ops.advance(conn, op.id, state="failed", result=reply)
+        _event(cloud, op, body, "Error", message)
+
+    async def _step_destroy(self, op: Operation) -> None:
+        reply = await self._call(op, "destroy", {})
+        if not reply.get("ok"):
+            # An orderly failure to destroy: the hypervisor still has it. Try again later.
+            raise _Wait(f"destroy on {op.host} failed: {reply.get('error')}", failed=True)
+        await asyncio.to_thread(self._destroyed, op, reply)
+
+    def _destroyed(self, op: Operation, reply: Reply) -> None:
+        cloud = self.cloud
+        if op.kind == "delete":
+            from stowage.services import networks
+
+            def gone(conn: Connection) -> None:
+                cloud.objects.delete_in(conn, "instance", op.instance_id)
+                self.ops.advance(conn, op.id, state="done", result=reply)
+
+            cloud.ledger.release(op.instance_id, also=gone)
+            networks.release_ports(cloud, op.instance_id)
+        elif op.kind == "rebuild":
+            self.ops.update(op.id, step="spawn")
+        else:  # cleanup
+            self.ops.update(op.id, state="done", result=reply)
+
+    async def _step_power(self, op: Operation) -> None:
+        action = str(op.payload["action"])
+        reply = await self._call(op, POWER_METHODS[action], {})
+        await asyncio.to_thread(self._powered, op, action, reply)
+
+    def _powered(self, op: Operation, action: str, reply: Reply) -> None:
+        cloud = self.cloud
+        body = dict(cloud.objects.get("instance", op.instance_id).body)
+        if reply.get("ok"):
+            status, vm_state, power = _AFTER_POWER[action]
+            body.update(status=status, vm_state=vm_state, power_state=power, task_state=None)
+            state = "done"
+        else:
+            body.update(task_state=None)  # the instance is as it was
+            state = "failed"
+        with cloud.ledger.engine.begin() as conn:
+            cloud.objects.update_in(conn, "instance", op.instance_id, body)
+            self.ops.advance(conn, op.id, state=state, result=reply)
+        _event(cloud, op, body, "Success" if reply.get("ok") else "Error", reply.get("error"))
+
+    async def _step_snapshot(self, op: Operation) -> None:
+        reply = await self._call(op, "snapshot", dict(op.payload))
+        await asyncio.to_thread(self._snapshotted, op, reply)
+
+    def _snapshotted(self, op: Operation, reply: Reply) -> None:
+        cloud = self.cloud
+        if not reply.get("ok"):
+            from stowage.services import images
+
+            # Never a half-written snapshot: the image goes with the failed upload.
+            with contextlib.suppress(NotFound):
+                images.delete_image(cloud, _System(), str(op.payload["image_id"]))
+        doc = cloud.objects.find("instance", op.instance_id)
+        with cloud.ledger.engine.begin() as conn:
+            if doc is not None:
+                body = dict(doc.body)
+                body["task_state"] = None
+                cloud.objects.update_in(conn, "instance", op.instance_id, body)
+            self.ops.advance(
+                conn, op.id, state="done" if reply.get("ok") else "failed", result=reply
+            )
+
+    # -- moves ---------------------------------------------------------------------------
+
+    async def _step_prepare(self, op: Operation) -> None:
+        """The destination defines the instance with the migration's claim."""
+        assert op.migration_id is not None
+        record = await asyncio.to_thread(self._record, op)
+        if record.get("abort"):
+            await asyncio.to_thread(self._to_abort, op, "cancelled", "aborted by request")
+            return
+        claim = await asyncio.to_thread(claim_of, self.cloud, op.migration_id)
+        if claim is None:
+            raise NotFound(f"migration {op.migration_id} holds no claim")
+        try:
+            reply = await self._call(op, "spawn", claim)
+        except _Wait as why:
+            # Unknown on the destination: the record says so (error), both ends stay held,
+            # and the destination is cleaned up as soon as it answers again.
+            await asyncio.to_thread(self._to_abort, op, "error", f"no answer: {why}")
+            raise
+        if not reply.get("ok"):
+            await asyncio.to_thread(self._to_abort, op, "failed", str(reply.get("error")))
+            return
+        await asyncio.to_thread(self._prepared, op)
+
+    def _record(self, op: Operation) -> dict[str, Any]:
+        assert op.migration_id is not None
+        return dict(self.cloud.objects.get("migration", op.migration_id).body)
+
+    def _to_abort(self, op: Operation, outcome: str, reason: str) -> None:
+        """Undo the destination next; the record shows `error` while that is unconfirmed."""
+        assert op.migration_id is not None
+        cloud = self.cloud
+        record = self._record(op)
+        record["status"] = "error" if outcome == "error" else record["status"]
+        record["reason"] = reason
+        with cloud.ledger.engine.begin() as conn:
+            cloud.objects.update_in(conn, "migration", op.migration_id, record)
+            self.ops.advance(
+                conn,
+                op.id,
+                step="abort_dest",
+                host=record["dest_compute"],
+                payload={
+                    **op.payload,
+                    "outcome": "cancelled" if outcome == "cancelled" else "failed",
+                },
+                retry_in_s=self.config.retry_s if outcome == "error" else 0.0,
+            )
+
+    def _prepared(self, op: Operation) -> None:
+        assert op.migration_id is not None
+        cloud = self.cloud
+        record = self._record(op)
+        body = dict(cloud.objects.get("instance", op.instance_id).body)
+        kind = op.kind
+        if kind == "live-migration":
+            record["status"] = "running"
+            with cloud.ledger.engine.begin() as conn:
+                cloud.objects.update_in(conn, "migration", op.migration_id, record)
+                self.ops.advance(conn, op.id, step="transfer", host=record["source_compute"])
+            return
+        if kind == "evacuation":
+            body.update(
+                host=record["dest_compute"],
+                task_state=None,
+                fault=None,
+                status="ACTIVE",
+                vm_state="active",
+                power_state=1,
+            )
+            record["status"] = "done"
+
+            def evacuated(conn: Connection) -> None:
+                cloud.objects.update_in(conn, "migration", op.migration_id or "", record)
+                cloud.objects.update_in(conn, "instance", op.instance_id, body)
+                self.ops.advance(conn, op.id, state="done")
+                # The source is down: what runs there is destroyed when it comes back.
+                self.ops.enqueue(
+                    "cleanup", op.instance_id, record["source_compute"], step="destroy", conn=conn
+                )
+
+            cloud.ledger.complete_migration(op.migration_id, also=evacuated)
+            _event(cloud, op, body, "Success", None)
+            return
+        # Cold migration and resize wait in VERIFY_RESIZE, both ends held, until confirmed.
+        body.update(status="VERIFY_RESIZE", vm_state="resized", task_state=None)
+        record["status"] = "finished"
+        record["finished_at"] = cloud.clock()
+        with cloud.ledger.engine.begin() as conn:
+            cloud.objects.update_in(conn, "migration", op.migration_id, record)
+            cloud.objects.update_in(conn, "instance", op.instance_id, body)
+            self.ops.advance(conn, op.id, state="done")
+
+    async def _step_transfer(self, op: Operation) -> None:
+        """A live migration's memory copy: `live_migration_transfer_s` on the simulated
+        hypervisor, ended early by force-complete (2.22) or by an abort (2.24)."""
+        deadline = time.monotonic() + self.config.live_migration_transfer_s
+        while True:
+            record = await asyncio.to_thread(self._record, op)
+            if record.get("abort"):
+                await asyncio.to_thread(self._to_abort, op, "cancelled", "aborted by request")
+                return
+            if record.get("force_complete") or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        record["status"] = "post-migrating"
+        with self.cloud.ledger.engine.begin() as conn:
+            self.cloud.objects.update_in(conn, "migration", op.migration_id or "", record)
+            self.ops.advance(conn, op.id, step="source_cleanup")
+
+    async def _step_source_cleanup(self, op: Operation) -> None:
+        """The source lets the instance go; then the destination's claims become its own."""
+        assert op.migration_id is not None
+        reply = await self._call(op, "destroy", {})
+        if not reply.get("ok"):
+            raise _Wait(f"source clean-up on {op.host} failed: {reply.get('error')}", failed=True)
+        await asyncio.to_thread(self._completed, op)
+
+    def _completed(self, op: Operation) -> None:
+        assert op.migration_id is not None
+        cloud = self.cloud
+        record = self._record(op)
+        body = dict(cloud.objects.get("instance", op.instance_id).body)
+        body.update(
+            host=record["dest_compute"], flavor=record["new_flavor"], task_state=None, fault=None
+        )
+        if op.kind == "confirm":
+            body.update(status="ACTIVE", vm_state="active", power_state=1)
+            record["status"] = "confirmed"
+        else:
+            body.update(status=_settled_status(body))
+            record["status"] = "completed"
+
+        def write(conn: Connection) -> None:
+            cloud.objects.update_in(conn, "migration", op.migration_id or "", record)
+            cloud.objects.update_in(conn, "instance", op.instance_id, body)
+            self.ops.advance(conn, op.id, state="done")
+
+        cloud.ledger.complete_migration(op.migration_id, also=write)
+        _event(cloud, op, body, "Success", None)
+
+    async def _step_abort_dest(self, op: Operation) -> None:
+        """Undo the destination; then its claims go with the record's end."""
+        assert op.migration_id is not None
+        reply = await self._call(op, "destroy", {})
+        if not reply.get("ok"):
+            raise _Wait(f"clean-up on {op.host} failed: {reply.get('error')}", failed=True)
+        await asyncio.to_thread(self._undone, op)
+
+    def _undone(self, op: Operation) -> None:
+        assert op.migration_id is not None
+        cloud = self.cloud
+        record = self._record(op)
+        body = dict(cloud.objects.get("instance", op.instance_id).body)
+        reason = str(record.get("reason") or "")
+        if op.kind == "revert":
+            record["status"] = "reverted"
+            body.update(status="ACTIVE", vm_state="active", power_state=1, task_state=None)
+        else:
+            record["status"] = str(op.payload.get("outcome") or "failed")
+            if op.kind == "evacuation":
+                # The source is down and the destination could not take it: ERROR, as in Nova.
+                body.update(status="ERROR", vm_state="error", task_state=None)
+                body["fault"] = {
+                    "code": 500,
+                    "message": reason,
+                    "created": cloud.clock(),
+                    "details": "",
+                }
+            elif body.get("task_state") is not None or body["status"] in (
+                "MIGRATING",
+                "RESIZE",
+                "REBUILD",
+            ):
+                body.update(status=_settled_status(body), task_state=None)
+
+        def write(conn: Connection) -> None:
+            cloud.objects.update_in(conn, "migration", op.migration_id or "", record)
+            cloud.objects.update_in(conn, "instance", op.instance_id, body)
+            self.ops.advance(
+                conn,
+                op.id,
+                state="done" if op.kind == "revert" else "failed",
+                result={"status": record["status"], "reason": reason},
+            )
+
+        cloud.ledger.fail_migration(op.migration_id, also=write)
+        _event(cloud, op, body, "Success" if op.kind == "revert" else "Error", reason or None)
+
+    # -- periodic ------------------------------------------------------------------------
+
+    def _auto_confirm(self) -> None:
+        """Resizes left in VERIFY_RESIZE longer than the window are confirmed, as Nova does."""
+        from stowage.services.migrations import confirm_resize
+
+        window_s = self.config.resize_confirm_window_s
+        now = self.cloud.clock()
+        for doc in self.cloud.objects.list("migration"):
+            record = doc.body
+            if (
+                record.get("status") == "finished"
+                and now - float(record.get("finished_at") or now) >= window_s
+            ):
+                try:
+                    confirm_resize(self.cloud, record["instance_uuid"])
+                except Exception as exc:
+                    log.warning("auto-confirm of %s failed: %s", record["instance_uuid"], exc)
+                else:
+                    log.info("resize of %s confirmed automatically", record["instance_uuid"])
+
+
+@dataclass(frozen=True, slots=True)
+class _System:
+    project_id: str = ""
+    is_admin: bool = True
+
+
+def _settled_status(body: dict[str, Any]) -> str:
+    return {
+        "active": "ACTIVE",
+        "stopped": "SHUTOFF",
+        "paused": "PAUSED",
+        "error": "ERROR",
+        "suspended": "SUSPENDED",
+    }.get(body.get("vm_state", "active"), "ACTIVE")
+
+
+def _event(
+    cloud: Cloud, op: Operation, body: dict[str, Any], result: str, message: str | None
+) -> None:
+    """The step's event on the instance action that started the operation."""
+    request_id = op.payload.get("request_id")
+    if not request_id:
+        return
+    doc = cloud.objects.find("instance_action", f"{request_id}:{op.instance_id}")
+    if doc is None:
+        return
+    action = dict(doc.body)
+    now = time.time()
+    action["events"] = [
+        *action.get("events", []),
+        {
+            "event": f"compute_{op.kind.replace('-', '_')}_{op.step}",
+            "start_time": now,
+            "finish_time": now,
+            "result": result,
+            "traceback": None,
+            "host": body.get("host"),
+            "hostId": None,
+            "details": message,
+        },
+    ]
+    if result == "Error":
+        action["message"] = message
+    with contextlib.suppress(NotFound):
+        cloud.objects.update("instance_action", doc.id, action)
+
+
+Clock = Callable[[], float]

@@ -1,0 +1,166 @@
+"""The conductor on a real ledger (SQLite and PostgreSQL) with agents on the in-process bus:
+several conductors share the operations table and every step runs once; a dead
+conductor's operations are resumed by another; an agent that is stopped leaves a move in
+`error` with both ends held, and its return settles it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stowage.agent.server import AgentServer
+from stowage.bus.inproc import InProcTransport
+from stowage.domain.topology import HostSpec, HostTopology
+from stowage.ledger import Ledger, audit
+from stowage.services import migrations
+from stowage.services.cloud import Cloud, CloudConfig
+from stowage.services.compute import BuildRequest, build_servers
+from stowage.services.conductor import Conductor, ConductorConfig
+from stowage.virt.sim import SimConfig, SimDriver
+
+TOPOLOGY = HostTopology.uniform(cells=2, cores_per_cell=8, threads_per_core=2)
+PINNED = {
+    "id": "p1",
+    "name": "pinned.1",
+    "vcpus": 1,
+    "ram": 256,
+    "disk": 1,
+    "ephemeral": 0,
+    "extra_specs": {"hw:cpu_policy": "dedicated"},
+}
+HOSTS = ("host1", "host2")
+FAST = ConductorConfig(call_timeout_s=1.0, poll_s=0.05, retry_s=0.1, retry_max_s=0.3)
+
+
+@pytest.fixture
+def cloud(db_url: str, tmp_path: Path) -> Iterator[Cloud]:
+    ledger = Ledger.open(db_url)
+    for name in HOSTS:
+        ledger.register_host(HostSpec(name, TOPOLOGY, disk_gb=100))
+    ledger.heartbeat()
+    yield Cloud(CloudConfig(state_dir=tmp_path / "state"), ledger)
+    ledger.close()
+
+
+@contextlib.asynccontextmanager
+async def agents(cloud: Cloud, tmp_path: Path) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
+    bus = InProcTransport()
+    servers = {}
+    for name in HOSTS:
+        driver = SimDriver(SimConfig(disk_bytes=4096), disk_dir=tmp_path / name)
+        server = AgentServer(name, driver, bus, lambda n=name: cloud.ledger.heartbeat([n]))
+        await server.serve()
+        servers[name] = server
+    try:
+        yield bus, servers
+    finally:
+        for server in servers.values():
+            await server.close()
+        await bus.close()
+
+
+def build(cloud: Cloud, count: int, host: str) -> list[str]:
+    docs = build_servers(
+        cloud,
+        BuildRequest(
+            name="vm",
+            flavor=PINNED,
+            image_id="img",
+            project_id="p",
+            user_id="u",
+            min_count=count,
+            max_count=count,
+            force_host=host,
+            networks="none",
+        ),
+        request_id="req-conductor",
+    )
+    return [str(d["id"]) for d in docs]
+
+
+async def until(cloud: Cloud, check: Any, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await asyncio.to_thread(check):
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def statuses(cloud: Cloud, ids: list[str]) -> list[str]:
+    return [str(cloud.objects.get("instance", i).body["status"]) for i in ids]
+
+
+def test_two_conductors_share_the_work_and_each_spawn_runs_once(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with agents(cloud, tmp_path) as (bus, servers):
+            conductors = [Conductor(cloud, bus, FAST, owner=f"c{i}") for i in range(2)]
+            tasks = [asyncio.create_task(c.run(take_over=False)) for c in conductors]
+            ids = await asyncio.to_thread(build, cloud, 12, "host1")
+            await until(cloud, lambda: statuses(cloud, ids) == ["ACTIVE"] * 12)
+            await until(cloud, lambda: not cloud.operations.active())
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            driver = servers["host1"].driver
+            spawned = [iid for op, iid in driver.calls if op == "spawn"]
+            assert sorted(spawned) == sorted(ids)  # once each, whichever conductor drove it
+            assert sorted(driver.running()) == sorted(ids)
+
+    asyncio.run(scenario())
+    assert audit(cloud.ledger) == []
+
+
+def test_a_dead_conductors_operations_are_resumed(cloud: Cloud, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with agents(cloud, tmp_path) as (bus, servers):
+            ids = await asyncio.to_thread(build, cloud, 3, "host2")
+            # A conductor leased them and died: its leases are still valid for a while.
+            dead = await asyncio.to_thread(cloud.operations.lease, "dead", lease_s=0.5, limit=10)
+            assert len(dead) == 3
+            survivor = Conductor(cloud, bus, FAST, owner="survivor")
+            task = asyncio.create_task(survivor.run(take_over=False))
+            await until(cloud, lambda: statuses(cloud, ids) == ["ACTIVE"] * 3)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            assert sorted(servers["host2"].driver.running()) == sorted(ids)
+
+    asyncio.run(scenario())
+
+
+def test_a_stopped_destination_leaves_error_then_failed_holding_nothing(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with agents(cloud, tmp_path) as (bus, servers):
+            conductor = Conductor(cloud, bus, FAST)
+            task = asyncio.create_task(conductor.run())
+            (vm,) = await asyncio.to_thread(build, cloud, 1, "host1")
+            await until(cloud, lambda: statuses(cloud, [vm]) == ["ACTIVE"])
+            servers["host2"].stop()
+            result = await asyncio.to_thread(
+                migrations.move, cloud, vm, "live-migration", user_id="u", project_id="p",
+                dest="host2",
+            )  # fmt: skip
+
+            def status() -> str:
+                return str(cloud.objects.get("migration", result.migration_id).body["status"])
+
+            await until(cloud, lambda: status() == "error")
+            assert cloud.ledger.consumer_host(result.migration_id) is not None  # held
+            servers["host2"].start()
+            await until(cloud, lambda: status() == "failed")
+            assert cloud.ledger.consumer_host(result.migration_id) is None  # gone with it
+            assert statuses(cloud, [vm]) == ["ACTIVE"]
+            assert servers["host2"].driver.running() == {}
+            assert sorted(servers["host1"].driver.running()) == [vm]
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert audit(cloud.ledger) == []

@@ -1,0 +1,135 @@
+"""Production mode: the API, a conductor and two agents as separate processes, sharing a
+PostgreSQL ledger and talking over the real RabbitMQ; driven with the `openstack` CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.api.cloudproc import BIN, IMAGE, RunningCloud, free_port
+from tests.conftest import pg_schema_url
+
+pytestmark = pytest.mark.postgres
+
+try:
+    import libvirt  # noqa: F401
+
+    HAVE_LIBVIRT = True
+except ImportError:
+    HAVE_LIBVIRT = False
+LIBVIRT = ("--driver", "libvirt", "--libvirt-uri", "test:///default")
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from pg_schema_url()
+
+
+def spawn(log: Path, *args: str) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen([str(BIN / "stowage"), *args], stdout=out, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def production(tmp_path: Path, pg_url: str) -> Iterator[tuple[RunningCloud, list[str]]]:
+    state = tmp_path / "state"
+    port = free_port()
+    common = ("--state-dir", str(state), "--db", pg_url)
+    api = spawn(tmp_path / "api.log", "api", *common, "--port", str(port))
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert api.poll() is None, (tmp_path / "api.log").read_text()
+        try:
+            if httpx.get(f"{base}/identity/v3", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    suffix = uuid.uuid4().hex[:6]
+    hosts = [f"prod-{suffix}-a", f"prod-{suffix}-b"]
+    others = [spawn(tmp_path / "conductor.log", "conductor", *common, "--op-timeout", "5")]
+    # The second host runs libvirt's test driver where libvirt-python is installed (CI).
+    drivers = [("--driver", "sim"), LIBVIRT if HAVE_LIBVIRT else ("--driver", "sim")]
+    others += [
+        spawn(
+            tmp_path / f"{h}.log",
+            "agent",
+            "--host",
+            h,
+            *common,
+            "--heartbeat-interval",
+            "1",
+            *driver,
+        )
+        for h, driver in zip(hosts, drivers, strict=True)
+    ]
+    cloud = RunningCloud(base, state, api, tmp_path / "api.log")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            rows = cloud.osc_json("compute", "service", "list", "--service", "nova-compute")
+            if sorted(r["Host"] for r in rows if r["State"] == "up") == hosts:
+                break
+            time.sleep(0.5)
+        yield cloud, hosts
+    finally:
+        for proc in [*others, api]:
+            proc.terminate()
+        for proc in [*others, api]:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for name in ("api", "conductor", *hosts):
+            log = tmp_path / f"{name}.log"
+            if log.exists() and "Traceback" in log.read_text():
+                print(f"--- {name}.log ---\n{log.read_text()}")
+
+
+def test_separate_processes_build_move_snapshot_and_delete(
+    production: tuple[RunningCloud, list[str]],
+) -> None:
+    cloud, (a, b) = production
+    rows = cloud.osc_json("compute", "service", "list", "--service", "nova-compute")
+    assert sorted((r["Host"], r["State"]) for r in rows) == [(a, "up"), (b, "up")]
+
+    server = cloud.osc_json(
+        "server", "create", "--flavor", "m1.pinned", "--image", IMAGE, "--nic", "none",
+        "--availability-zone", f"nova:{a}", "--wait", "prod-vm",
+    )  # fmt: skip
+    assert (server["status"], server["OS-EXT-SRV-ATTR:host"]) == ("ACTIVE", a)
+
+    cloud.osc("server", "migrate", "--live-migration", "--host", b, "prod-vm", "--wait")
+    deadline = time.monotonic() + 60
+    shown = cloud.osc_json("server", "show", "prod-vm")
+    while shown["OS-EXT-SRV-ATTR:host"] != b and time.monotonic() < deadline:
+        time.sleep(0.5)
+        shown = cloud.osc_json("server", "show", "prod-vm")
+    assert (shown["status"], shown["OS-EXT-SRV-ATTR:host"]) == ("ACTIVE", b)
+
+    cloud.osc("server", "image", "create", "--name", "prod-snap", "--wait", "prod-vm")
+    image = cloud.osc_json("image", "show", "prod-snap")
+    assert image["status"] == "active" and int(image["size"]) == 1024 * 1024
+
+    cloud.osc("server", "delete", "--wait", "prod-vm")
+    assert cloud.osc("server", "show", "prod-vm", check=False).returncode != 0
+    audit = subprocess.run(
+        [str(BIN / "stowage"), "audit", "--db", os.environ.get("X", "") or _db_of(cloud)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+def _db_of(cloud: RunningCloud) -> str:
+    args = cloud.process.args
+    assert isinstance(args, list)
+    return str(args[args.index("--db") + 1])

@@ -1,0 +1,364 @@
+"""The libvirt driver against libvirt's built-in test driver, and one smoke test on real QEMU."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+try:
+    import libvirt
+except ImportError as exc:
+    _REASON = f"libvirt-python is not installed ({exc}); install stowage[libvirt]"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI runs the libvirt tests: {_REASON}", pytrace=False)
+    pytest.skip(_REASON, allow_module_level=True)
+
+from stowage.domain.topology import Cell, HostTopology
+from stowage.virt.driver import (
+    Driver,
+    DriverError,
+    InstanceNotFound,
+    InstanceState,
+)
+from stowage.virt.libvirt_driver import DOMAIN_PREFIX, LibvirtDriver
+
+TEST_URI = "test:///default"  # every open in this process shares one in-memory hypervisor
+DISK_BYTES = 300_000  # not a multiple of the chunk size, so the last chunk is short
+MiB_IN_KiB = 1024
+
+# Two cells of 4 cores x 2 threads: cell 0 = CPUs 0-3,8-11, cell 1 = CPUs 4-7,12-15.
+TOPOLOGY = HostTopology.uniform(cells=2, cores_per_cell=4, threads_per_core=2)
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def conn() -> Iterator[Any]:
+    """A second, raw connection to the same test hypervisor, to look behind the driver."""
+    c = libvirt.open(TEST_URI)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def ids(conn: Any) -> Iterator[Callable[[], str]]:
+    """Fresh instance ids (UUIDs); every domain made with one is removed afterwards."""
+    made: list[str] = []
+
+    def new_id() -> str:
+        made.append(str(uuid.uuid4()))
+        return made[-1]
+
+    yield new_id
+    for iid in made:
+        try:
+            dom = conn.lookupByName(DOMAIN_PREFIX + iid)
+        except libvirt.libvirtError:
+            continue
+        if dom.isActive():
+            dom.destroy()
+        dom.undefine()
+
+
+@pytest.fixture
+def events() -> list[tuple[str, str]]:
+    return []
+
+
+@pytest.fixture
+def driver(tmp_path: Path, events: list[tuple[str, str]]) -> Iterator[LibvirtDriver]:
+    d = LibvirtDriver(
+        TEST_URI,
+        TOPOLOGY,
+        tmp_path / "disks",
+        disk_bytes=DISK_BYTES,
+        on_lifecycle=lambda iid, event: events.append((iid, event)),
+    )
+    yield d
+    d.close()
+
+
+def _xml(conn: Any, instance_id: str) -> ET.Element:
+    return ET.fromstring(conn.lookupByName(DOMAIN_PREFIX + instance_id).XMLDesc(0))
+
+
+def _domain_names(conn: Any) -> set[str]:
+    return {dom.name() for dom in conn.listAllDomains(0)}
+
+
+def test_is_a_driver(driver: LibvirtDriver) -> None:
+    assert isinstance(driver, Driver)
+    assert driver.domain_type == "test"
+
+
+def test_spawn_defines_pins_numa_and_disk(
+    driver: LibvirtDriver, conn: Any, ids: Callable[[], str], tmp_path: Path
+) -> None:
+    iid = ids()
+    driver.spawn(iid, {0: 0, 1: 8, 2: 4, 3: 12}, [0, 1], 1024)
+
+    dom = conn.lookupByName(DOMAIN_PREFIX + iid)
+    assert dom.isActive()
+    assert dom.isPersistent()
+    root = _xml(conn, iid)
+    assert root.findtext("uuid") == iid
+    vcpu = root.find("vcpu")
+    assert vcpu is not None
+    assert (vcpu.get("placement"), vcpu.text) == ("static", "4")
+    vcpupins = {p.get("vcpu"): p.get("cpuset") for p in root.findall("cputune/vcpupin")}
+    assert vcpupins == {"0": "0", "1": "8", "2": "4", "3": "12"}
+    emulatorpin = root.find("cputune/emulatorpin")
+    assert emulatorpin is not None
+    assert emulatorpin.get("cpuset") == "0,4,8,12"
+    memory = root.find("numatune/memory")
+    assert memory is not None
+    assert (memory.get("mode"), memory.get("nodeset")) == ("strict", "0-1")
+    memnodes = {
+        m.get("cellid"): (m.get("mode"), m.get("nodeset")) for m in root.findall("numatune/memnode")
+    }
+    assert memnodes == {"0": ("strict", "0"), "1": ("strict", "1")}
+    # Guest cell i is host cell cells[i]; its vCPUs are those pinned there; memory split evenly.
+    cells = {
+        c.get("id"): (c.get("cpus"), int(c.get("memory", "0")), c.get("unit"))
+        for c in root.findall("cpu/numa/cell")
+    }
+    assert cells == {
+        "0": ("0-1", 512 * MiB_IN_KiB, "KiB"),
+        "1": ("2-3", 512 * MiB_IN_KiB, "KiB"),
+    }
+    source = root.find("devices/disk/source")
+    assert source is not None
+    disk = Path(source.get("file", ""))
+    assert disk.parent == tmp_path / "disks"
+    assert disk.stat().st_size == DISK_BYTES
+
+
+def test_uneven_memory_and_non_uuid_ids(
+    driver: LibvirtDriver, conn: Any, ids: Callable[[], str]
+) -> None:
+    iid = "vm-" + ids()[:8]
+    try:
+        driver.spawn(iid, {0: 1, 1: 5}, [0, 1], 1001)
+        root = _xml(conn, iid)
+        uuid.UUID(root.findtext("uuid", ""))  # a stable UUID derived from the id
+        memory_kib = [int(c.get("memory", "0")) for c in root.findall("cpu/numa/cell")]
+        assert memory_kib == [501 * MiB_IN_KiB, 500 * MiB_IN_KiB]
+        assert iid in driver.running()
+    finally:
+        driver.destroy(iid)
+
+
+def test_running_reports_pins_and_state(driver: LibvirtDriver, ids: Callable[[], str]) -> None:
+    a, b = ids(), ids()
+    driver.spawn(a, {0: 2, 1: 3}, [0], 256)
+    driver.spawn(b, {0: 6}, [1], 128)
+    driver.power_off(b)
+
+    running = driver.running()
+    assert running[a] == {"pins": {0: 2, 1: 3}, "state": InstanceState.RUNNING}
+    assert running[b] == {"pins": {0: 6}, "state": InstanceState.SHUTOFF}
+    assert "test" not in running  # domains that are not instances are not reported
+
+
+def test_power_off_on_and_reboot(
+    driver: LibvirtDriver,
+    conn: Any,
+    ids: Callable[[], str],
+    events: list[tuple[str, str]],
+) -> None:
+    iid = ids()
+    driver.spawn(iid, {0: 9}, [0], 128)
+    disk = driver.disk_dir / f"{iid}.img"
+
+    driver.power_off(iid)
+    assert driver.running()[iid]["state"] is InstanceState.SHUTOFF
+    assert not conn.lookupByName(DOMAIN_PREFIX + iid).isActive()
+    assert disk.exists()  # the definition and disk stay
+    driver.power_off(iid)  # already off: nothing to do
+    assert driver.running()[iid]["state"] is InstanceState.SHUTOFF
+
+    driver.power_on(iid)
+    assert driver.running()[iid]["state"] is InstanceState.RUNNING
+    driver.power_on(iid)  # already on: nothing to do
+    assert driver.running()[iid] == {"pins": {0: 9}, "state": InstanceState.RUNNING}
+
+    before = len([e for e in events if e[0] == iid])
+    driver.reboot(iid)
+    assert driver.running()[iid]["state"] is InstanceState.RUNNING
+    # A hard reboot is a stop and a start; the lifecycle callback sees both.
+    _wait_for(
+        lambda: [e for e in events if e[0] == iid][before:] == [(iid, "stopped"), (iid, "started")],
+        "the reboot's lifecycle events",
+    )
+    assert [e for e in events if e[0] == iid][:2] == [(iid, "defined"), (iid, "started")]
+
+    driver.power_off(iid)
+    driver.reboot(iid)  # a stopped instance comes back up
+    assert driver.running()[iid]["state"] is InstanceState.RUNNING
+
+
+def test_destroy_removes_domain_and_disk(
+    driver: LibvirtDriver, conn: Any, ids: Callable[[], str], events: list[tuple[str, str]]
+) -> None:
+    iid = ids()
+    driver.spawn(iid, {0: 10, 1: 11}, [0], 256)
+    disk = driver.disk_dir / f"{iid}.img"
+    assert disk.exists()
+
+    driver.destroy(iid)
+    assert DOMAIN_PREFIX + iid not in _domain_names(conn)
+    assert not disk.exists()
+    assert iid not in driver.running()
+    _wait_for(lambda: (iid, "undefined") in events, "the undefined event")
+
+    for op in (driver.destroy, driver.reboot, driver.power_off, driver.power_on):
+        with pytest.raises(InstanceNotFound):
+            op(iid)
+    with pytest.raises(InstanceNotFound):
+        driver.read_disk(iid, 4096)
+    # The CPUs are free again.
+    again = ids()
+    driver.spawn(again, {0: 10, 1: 11}, [0], 256)
+    assert driver.running()[again]["pins"] == {0: 10, 1: 11}
+
+
+def test_read_disk_streams_the_disk(driver: LibvirtDriver, ids: Callable[[], str]) -> None:
+    iid = ids()
+    driver.spawn(iid, {0: 7}, [1], 128)
+    expected = (driver.disk_dir / f"{iid}.img").read_bytes()
+    assert len(expected) == DISK_BYTES
+    assert len(set(expected[:4096])) > 1  # real data, not a sparse hole
+
+    chunks = driver.read_disk(iid, 65536)
+    got = list(chunks)
+    assert all(0 < len(c) <= 65536 for c in got)
+    assert len(got) == -(-DISK_BYTES // 65536)
+    assert b"".join(got) == expected
+    with pytest.raises(ValueError):
+        driver.read_disk(iid, 0)
+
+
+def test_spawning_the_same_id_twice_fails(driver: LibvirtDriver, ids: Callable[[], str]) -> None:
+    iid = ids()
+    driver.spawn(iid, {0: 13}, [1], 128)
+    with pytest.raises(DriverError) as caught:
+        driver.spawn(iid, {0: 14}, [1], 128)
+    assert caught.value.code == "virt.exists"
+    assert driver.running()[iid] == {"pins": {0: 13}, "state": InstanceState.RUNNING}
+
+
+@pytest.mark.parametrize(
+    ("pins", "cells", "code"),
+    [
+        ({0: 99}, [0], "virt.libvirt.pin_not_on_host"),
+        ({0: 4}, [0], "virt.libvirt.pin_outside_cells"),  # CPU 4 is in cell 1
+        ({0: 1, 1: 1}, [0], "virt.libvirt.pin_conflict"),  # two vCPUs on one CPU
+        ({0: 1}, [7], "virt.libvirt.cell_not_on_host"),
+        ({0: 1, 2: 2}, [0], "virt.libvirt.bad_vcpus"),
+        ({}, [0], "virt.libvirt.no_pins"),
+    ],
+)
+def test_bad_claims_are_refused_before_defining(
+    driver: LibvirtDriver,
+    conn: Any,
+    ids: Callable[[], str],
+    pins: dict[int, int],
+    cells: list[int],
+    code: str,
+) -> None:
+    iid = ids()
+    before = _domain_names(conn)
+    with pytest.raises(DriverError) as caught:
+        driver.spawn(iid, pins, cells, 128)
+    assert caught.value.code == code
+    assert _domain_names(conn) == before
+    assert not (driver.disk_dir / f"{iid}.img").exists()
+
+
+def test_pins_held_by_other_domains_are_refused(
+    driver: LibvirtDriver, conn: Any, ids: Callable[[], str]
+) -> None:
+    first = ids()
+    driver.spawn(first, {0: 0, 1: 1}, [0], 128)
+    # A domain defined behind the driver's back, not running, pinning CPU 3.
+    foreign = ids()
+    conn.defineXML(
+        f"<domain type='test'><name>{DOMAIN_PREFIX}{foreign}</name><memory>131072</memory>"
+        "<vcpu placement='static'>1</vcpu><cputune><vcpupin vcpu='0' cpuset='3'/></cputune>"
+        "<os><type>hvm</type></os></domain>"
+    )
+    before = _domain_names(conn)
+
+    for pins in ({0: 2, 1: 1}, {0: 3}):
+        loser = ids()
+        with pytest.raises(DriverError) as caught:
+            driver.spawn(loser, pins, [0], 128)
+        assert caught.value.code == "virt.libvirt.pin_conflict"
+        assert _domain_names(conn) == before
+        assert not (driver.disk_dir / f"{loser}.img").exists()
+    assert driver.running()[first]["pins"] == {0: 0, 1: 1}
+
+
+def test_bad_instance_ids_are_refused(driver: LibvirtDriver, conn: Any) -> None:
+    before = _domain_names(conn)
+    with pytest.raises(DriverError) as caught:
+        driver.spawn("../escape", {0: 1}, [0], 128)
+    assert caught.value.code == "virt.libvirt.bad_instance_id"
+    assert _domain_names(conn) == before
+
+
+def test_unreachable_uri_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(DriverError) as caught:
+        LibvirtDriver("test:///no/such/config.xml", TOPOLOGY, tmp_path)
+    assert caught.value.code == "virt.libvirt.unreachable"
+
+
+# -- real QEMU ---------------------------------------------------------------------------
+
+
+def _qemu_binary() -> str | None:
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine(), platform.machine())
+    return shutil.which(f"qemu-system-{arch}")
+
+
+@pytest.mark.skipif(_qemu_binary() is None, reason="no qemu-system binary for this arch on PATH")
+def test_smoke_on_real_qemu(tmp_path: Path) -> None:
+    cpu = min(os.sched_getaffinity(0))
+    topology = HostTopology(
+        cells=(Cell(0, frozenset(os.sched_getaffinity(0)), 1024),),
+        siblings={},
+        cpu_dedicated_set=frozenset(),
+        cpu_shared_set=frozenset(),
+    )
+    root = tmp_path / "embed"
+    root.mkdir()
+    try:
+        driver = LibvirtDriver(f"qemu:///embed?root={root}", topology, tmp_path / "disks")
+    except DriverError as exc:
+        pytest.skip(f"libvirt has no embedded QEMU driver here: {exc}")
+    iid = str(uuid.uuid4())
+    try:
+        driver.spawn(iid, {0: cpu}, [0], 128)
+        assert driver.running()[iid] == {"pins": {0: cpu}, "state": InstanceState.RUNNING}
+        assert len(b"".join(driver.read_disk(iid, 65536))) == 1024 * 1024
+        driver.power_off(iid)
+        assert driver.running()[iid]["state"] is InstanceState.SHUTOFF
+    finally:
+        if iid in driver.running():
+            driver.destroy(iid)
+        driver.close()
