@@ -157,6 +157,10 @@ def up(
         float,
         typer.Option("--service-down-time", help="Seconds without a heartbeat: service down."),
     ] = 60.0,
+    max_concurrent_disk_ops: Annotated[
+        int,
+        typer.Option("--max-concurrent-disk-ops", min=1, help="Disk-heavy work per agent."),
+    ] = 2,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import uvicorn
@@ -183,6 +187,7 @@ def up(
         resize_confirm_window_s=resize_confirm_window,
         heartbeat_interval_s=heartbeat_interval,
         service_down_time_s=service_down_time,
+        max_concurrent_disk_ops=max_concurrent_disk_ops,
     )
     if topology is not None:
         from stowage.domain.errors import InvalidSpec
@@ -289,6 +294,9 @@ def agent_process(
         Path | None, typer.Option("--topology", help="YAML with this host (see README).")
     ] = None,
     heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval")] = 10.0,
+    max_concurrent_disk_ops: Annotated[
+        int, typer.Option("--max-concurrent-disk-ops", min=1, help="Disk-heavy work at once.")
+    ] = 2,
 ) -> None:
     """Production: one host's compute agent (registers the host, heartbeats, runs its work)."""
     import asyncio
@@ -296,7 +304,12 @@ def agent_process(
     from stowage.agent.processes import make_driver, run_agent, run_until_signal
     from stowage.services.cloud import default_hosts
 
-    cloud = _production_cloud(state_dir, db, heartbeat_interval_s=heartbeat_interval)
+    cloud = _production_cloud(
+        state_dir,
+        db,
+        heartbeat_interval_s=heartbeat_interval,
+        max_concurrent_disk_ops=max_concurrent_disk_ops,
+    )
     spec = default_hosts(1)[0]
     if topology is not None:
         from stowage.services.topology_file import load_topology
@@ -427,6 +440,22 @@ def sim_clear(host: str, state_dir: StateDir = Path(".stowage")) -> None:
     _sim_action(state_dir, host, "clear", {})
 
 
+@sim_app.command("repin")
+def sim_repin(
+    host: str,
+    instance: str,
+    pins: Annotated[list[str], typer.Argument(help="vCPU:pCPU pairs, e.g. 0:5 1:6")],
+    state_dir: StateDir = Path(".stowage"),
+) -> None:
+    """Repin INSTANCE on HOST's hypervisor behind the ledger's back (for the reconciler)."""
+    try:
+        mapping = {int(v): int(c) for v, c in (p.split(":", 1) for p in pins)}
+    except ValueError:
+        err.print("[red]pins are vCPU:pCPU pairs[/red], e.g. 0:5")
+        raise typer.Exit(2) from None
+    _sim_action(state_dir, host, "repin", {"instance_id": instance, "pins": mapping})
+
+
 @sim_app.command("show")
 def sim_show(
     state_dir: StateDir = Path(".stowage"),
@@ -461,6 +490,29 @@ def sim_show(
             )
             table.add_row(agent["host"], state, service, instance_id, inst["state"], pins)
     console.print(table)
+
+
+@host_app.command("reconcile")
+def host_reconcile(host: str, state_dir: StateDir = Path(".stowage")) -> None:
+    """Run HOST's reconciler now: what its hypervisor runs against what the ledger says."""
+    import httpx
+
+    compute, headers = _admin_session(state_dir)
+    response = httpx.post(
+        f"{compute}/os-stowage-hosts/{host}/reconcile", headers=headers, timeout=120
+    )
+    _fail_on_error(response)
+    report = response.json()["reconcile"]
+    console.print(
+        f"{host}: {report['audited']} instance(s) audited, {report['skipped']} busy, "
+        f"{len(report['divergences'])} divergence(s)",
+        markup=False,
+    )
+    for divergence in report["divergences"]:
+        console.print(f"  {divergence['kind']} {divergence['instance_id']}: "
+                      f"{divergence['detail']}", markup=False)  # fmt: skip
+    if report["divergences"] or report["error"]:
+        raise typer.Exit(1)
 
 
 @host_app.command("evacuate")

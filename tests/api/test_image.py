@@ -358,3 +358,37 @@ def test_bootstrap_images_is_idempotent(tmp_path: Path) -> None:
         assert os.listdir(tmp_path / "state" / "images") == [cirros[0]["id"]]
     finally:
         cloud.ledger.close()
+
+
+def test_a_shared_image_reaches_a_member_project_once_it_accepts(cloud: RunningCloud) -> None:
+    """Glance's image members through the CLI: owner shares, member sees, accepts, lists."""
+    name = unique("shared")
+    image = cloud.osc_json("image", "create", "--shared", "--disk-format", "raw", name)
+    demo = cloud.osc_json("project", "show", "demo")["id"]
+    private = cloud.osc_json("image", "create", "--private", "--disk-format", "raw", unique("p"))
+
+    added = cloud.osc_json("image", "add", "project", name, "demo")
+    assert (added["member_id"], added["status"]) == (demo, "pending")
+    members = cloud.osc_json("image", "member", "list", name)
+    assert [(m["Member ID"], m["Status"]) for m in members] == [(demo, "pending")]
+    again = cloud.osc("image", "add", "project", name, "demo", check=False)
+    assert again.returncode != 0 and "409" in again.stderr
+    refused = cloud.osc("image", "add", "project", private["id"], "demo", check=False)
+    assert refused.returncode != 0 and "403" in refused.stderr  # only shared images
+
+    # The member sees it by id at once, but lists it only after accepting.
+    assert cloud.osc_json("image", "show", image["id"], cloud="stowage")["name"] == name
+    listed = cloud.osc_json("image", "list", cloud="stowage")
+    assert image["id"] not in {i["ID"] for i in listed}
+    owner_says = cloud.osc("image", "set", "--accept", image["id"], check=False)
+    assert owner_says.returncode != 0  # only the member itself accepts
+    cloud.osc("image", "set", "--accept", image["id"], cloud="stowage")
+    listed = cloud.osc_json("image", "list", cloud="stowage")
+    assert image["id"] in {i["ID"] for i in listed}
+    members = cloud.osc_json("image", "member", "list", name)
+    assert [m["Status"] for m in members] == ["accepted"]
+
+    cloud.osc("image", "remove", "project", name, "demo")
+    gone = cloud.osc("image", "show", image["id"], cloud="stowage", check=False)
+    assert gone.returncode != 0
+    cloud.osc("image", "delete", name, private["id"])

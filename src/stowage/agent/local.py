@@ -147,7 +147,10 @@ class LocalCompute:
                 driver,
                 self.bus,
                 _heartbeat_of(cloud, name),
-                config=AgentConfig(heartbeat_interval_s=cloud.config.heartbeat_interval_s),
+                config=AgentConfig(
+                    heartbeat_interval_s=cloud.config.heartbeat_interval_s,
+                    max_concurrent_disk_ops=cloud.config.max_concurrent_disk_ops,
+                ),
                 image_sink=make_upload_sink(cloud),
             )
             await server.serve()
@@ -220,9 +223,22 @@ def make_reconciler(
     def busy() -> set[str]:
         return {op.instance_id for op in cloud.operations.active(host=host)}
 
-    return Reconciler(
+    reconciler = Reconciler(
         host, running, lambda: expected_on_host(cloud.ledger, host), record, metrics, busy=busy
     )
+
+    async def on_demand() -> dict[str, Any]:
+        report = await reconciler.run_once()
+        return {
+            "host": host,
+            "audited": len(report.audited),
+            "skipped": len(report.skipped),
+            "error": report.error,
+            "divergences": [d.as_dict() for d in report.divergences],
+        }
+
+    server.reconcile = on_demand
+    return reconciler
 
 
 def make_upload_sink(cloud: Cloud) -> Any:

@@ -108,7 +108,10 @@ async def run_agent(
         driver,
         bus,
         beat,
-        config=AgentConfig(heartbeat_interval_s=cloud.config.heartbeat_interval_s),
+        config=AgentConfig(
+            heartbeat_interval_s=cloud.config.heartbeat_interval_s,
+            max_concurrent_disk_ops=cloud.config.max_concurrent_disk_ops,
+        ),
         image_sink=make_upload_sink(cloud),
     )
     await server.serve()

@@ -69,12 +69,14 @@ class AgentServer:
         config: AgentConfig | None = None,
         image_sink: ImageSink | None = None,
         crash_restart_s: float = 1.0,
+        reconcile: Callable[[], Awaitable[Payload]] | None = None,
     ) -> None:
         self.host = host
         self.driver = driver
         self.bus = bus
         self.image_sink = image_sink
         self.crash_restart_s = crash_restart_s
+        self.reconcile = reconcile  # set by whoever runs the host's reconciler
         self._beat = heartbeat
         self.agent = Agent(driver, self._heartbeat, config)
         self._up = asyncio.Event()
@@ -203,6 +205,10 @@ class AgentServer:
 
         if method == "show":
             return self.show(await asyncio.to_thread(self.driver.running))
+        if method == "reconcile":
+            if self.reconcile is None:
+                raise ValueError(f"{self.host} runs no reconciler")
+            return await self.reconcile()
         if method == "stop":
             self.stop()
         elif method == "start":
@@ -221,6 +227,9 @@ class AgentServer:
             if seconds < 0:
                 raise ValueError("seconds must be >= 0")
             self.driver.config.slow_disk_s = seconds
+        elif method == "repin":
+            pins = {int(k): int(v) for k, v in dict(payload["pins"]).items()}
+            await asyncio.to_thread(self.driver.tamper_pins, str(payload["instance_id"]), pins)
         elif method == "clear":
             self.driver.clear_faults()
             self.driver.config.slow_disk_s = 0.0

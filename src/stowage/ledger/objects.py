@@ -102,8 +102,29 @@ class ObjectStore:
             raise NotFound(f"{kind} {id} could not be found")
         return self.get(kind, id)
 
-    def update_in(self, conn: Connection, kind: str, id: str, body: Mapping[str, Any]) -> None:
-        """Replace a document inside a transaction the caller holds (with a ledger change)."""
+    def update_in(
+        self,
+        conn: Connection,
+        kind: str,
+        id: str,
+        body: Mapping[str, Any],
+        *,
+        keep: tuple[str, ...] = (),
+    ) -> None:
+        """Replace a document inside a transaction the caller holds (with a ledger change).
+
+        `keep` names fields whose stored values win over `body`'s: requests that another
+        writer may have set since `body` was read (an abort of a migration in flight).
+        """
+        if keep:
+            current = conn.execute(
+                select(objects.c.body)
+                .where(objects.c.kind == kind, objects.c.id == id)
+                .with_for_update()
+            ).scalar()
+            if current is not None:
+                stored = json.loads(current)
+                body = {**body, **{k: stored[k] for k in keep if k in stored}}
         changed = conn.execute(
             update(objects)
             .where(objects.c.kind == kind, objects.c.id == id)

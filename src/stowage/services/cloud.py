@@ -57,6 +57,7 @@ class CloudConfig:
     live_migration_s: float = 0.0  # the simulated memory copy of a live migration
     resize_confirm_window_s: float = 0.0  # 0: resizes wait for an explicit confirm
     sim_step_s: float = 0.0  # latency of every simulated hypervisor step
+    max_concurrent_disk_ops: int = 2  # per agent, like Nova's option of the same name
 
     @property
     def base_url(self) -> str:

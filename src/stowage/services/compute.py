@@ -593,6 +593,11 @@ def rebuild_server(cloud: Cloud, instance_id: str, image_id: str, name: str | No
         if name:
             cloud.objects.rename_in(conn, "instance", instance_id, name)
         cloud.operations.enqueue(
-            "rebuild", instance_id, body["host"], step="destroy", payload={}, conn=conn
+            "rebuild",
+            instance_id,
+            body["host"],
+            step="destroy",
+            payload={"stopped": before.get("vm_state") == "stopped"},
+            conn=conn,
         )
     cloud.kick()

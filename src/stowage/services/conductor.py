@@ -52,6 +52,7 @@ from stowage.ledger.db import READONLY
 from stowage.ledger.operations import Operation, Operations
 from stowage.ledger.schema import allocations, consumers, hosts, numa_claims, pins
 from stowage.services.cloud import Cloud
+from stowage.services.migrations import REQUESTS
 
 __all__ = ["Conductor", "ConductorConfig", "claim_of"]
 
@@ -280,7 +281,9 @@ class Conductor:
         with self.cloud.ledger.engine.begin() as conn:
             self.ops.advance(conn, op.id, state="failed", result={"error": why})
 
-    async def _call(self, op: Operation, method: str, payload: dict[str, Any]) -> Reply:
+    async def _call(
+        self, op: Operation, method: str, payload: dict[str, Any], *, suffix: str = ""
+    ) -> Reply:
         """The agent's answer to this step; `_Wait` when there is none in time."""
         from stowage.agent.server import compute_topic
 
@@ -289,7 +292,7 @@ class Conductor:
                 compute_topic(op.host),
                 method,
                 {"instance_id": op.instance_id, **payload},
-                op_id=op.call_id,
+                op_id=op.call_id + suffix,
                 timeout_s=self.config.call_timeout_s,
             )
         except RemoteError as exc:
@@ -314,6 +317,13 @@ class Conductor:
     def _spawned(self, op: Operation, reply: Reply) -> None:
         cloud = self.cloud
         body = dict(cloud.objects.get("instance", op.instance_id).body)
+        if reply.get("ok") and op.kind == "rebuild" and op.payload.get("stopped"):
+            # Nova keeps a stopped server stopped through a rebuild: power it off again.
+            with cloud.ledger.engine.begin() as conn:
+                self.ops.advance(
+                    conn, op.id, step="power", payload={**op.payload, "action": "os-stop"}
+                )
+            return
         if reply.get("ok"):
             body.update(status="ACTIVE", vm_state="active", power_state=1, task_state=None)
             if op.kind == "build":
@@ -436,6 +446,9 @@ class Conductor:
             # and the destination is cleaned up as soon as it answers again.
             await asyncio.to_thread(self._to_abort, op, "error", f"no answer: {why}")
             raise
+        if reply.get("ok") and record.get("old_vm_state") == "stopped":
+            # A stopped server moves stopped: its new copy is powered off before it is used.
+            reply = await self._call(op, "power_off", {}, suffix=":off")
         if not reply.get("ok"):
             await asyncio.to_thread(self._to_abort, op, "failed", str(reply.get("error")))
             return
@@ -453,7 +466,7 @@ class Conductor:
         record["status"] = "error" if outcome == "error" else record["status"]
         record["reason"] = reason
         with cloud.ledger.engine.begin() as conn:
-            cloud.objects.update_in(conn, "migration", op.migration_id, record)
+            cloud.objects.update_in(conn, "migration", op.migration_id, record, keep=REQUESTS)
             self.ops.advance(
                 conn,
                 op.id,
@@ -475,22 +488,19 @@ class Conductor:
         if kind == "live-migration":
             record["status"] = "running"
             with cloud.ledger.engine.begin() as conn:
-                cloud.objects.update_in(conn, "migration", op.migration_id, record)
+                cloud.objects.update_in(conn, "migration", op.migration_id, record, keep=REQUESTS)
                 self.ops.advance(conn, op.id, step="transfer", host=record["source_compute"])
             return
         if kind == "evacuation":
             body.update(
-                host=record["dest_compute"],
-                task_state=None,
-                fault=None,
-                status="ACTIVE",
-                vm_state="active",
-                power_state=1,
+                host=record["dest_compute"], task_state=None, fault=None, **_resting(record)
             )
             record["status"] = "done"
 
             def evacuated(conn: Connection) -> None:
-                cloud.objects.update_in(conn, "migration", op.migration_id or "", record)
+                cloud.objects.update_in(
+                    conn, "migration", op.migration_id or "", record, keep=REQUESTS
+                )
                 cloud.objects.update_in(conn, "instance", op.instance_id, body)
                 self.ops.advance(conn, op.id, state="done")
                 # The source is down: what runs there is destroyed when it comes back.
@@ -506,7 +516,7 @@ class Conductor:
         record["status"] = "finished"
         record["finished_at"] = cloud.clock()
         with cloud.ledger.engine.begin() as conn:
-            cloud.objects.update_in(conn, "migration", op.migration_id, record)
+            cloud.objects.update_in(conn, "migration", op.migration_id, record, keep=REQUESTS)
             cloud.objects.update_in(conn, "instance", op.instance_id, body)
             self.ops.advance(conn, op.id, state="done")
 
@@ -524,7 +534,9 @@ class Conductor:
             await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
         record["status"] = "post-migrating"
         with self.cloud.ledger.engine.begin() as conn:
-            self.cloud.objects.update_in(conn, "migration", op.migration_id or "", record)
+            self.cloud.objects.update_in(
+                conn, "migration", op.migration_id or "", record, keep=REQUESTS
+            )
             self.ops.advance(conn, op.id, step="source_cleanup")
 
     async def _step_source_cleanup(self, op: Operation) -> None:
@@ -544,14 +556,14 @@ class Conductor:
             host=record["dest_compute"], flavor=record["new_flavor"], task_state=None, fault=None
         )
         if op.kind == "confirm":
-            body.update(status="ACTIVE", vm_state="active", power_state=1)
+            body.update(**_resting(record))
             record["status"] = "confirmed"
         else:
             body.update(status=_settled_status(body))
             record["status"] = "completed"
 
         def write(conn: Connection) -> None:
-            cloud.objects.update_in(conn, "migration", op.migration_id or "", record)
+            cloud.objects.update_in(conn, "migration", op.migration_id or "", record, keep=REQUESTS)
             cloud.objects.update_in(conn, "instance", op.instance_id, body)
             self.ops.advance(conn, op.id, state="done")
 
@@ -574,7 +586,7 @@ class Conductor:
         reason = str(record.get("reason") or "")
         if op.kind == "revert":
             record["status"] = "reverted"
-            body.update(status="ACTIVE", vm_state="active", power_state=1, task_state=None)
+            body.update(task_state=None, **_resting(record))
         else:
             record["status"] = str(op.payload.get("outcome") or "failed")
             if op.kind == "evacuation":
@@ -594,7 +606,7 @@ class Conductor:
                 body.update(status=_settled_status(body), task_state=None)
 
         def write(conn: Connection) -> None:
-            cloud.objects.update_in(conn, "migration", op.migration_id or "", record)
+            cloud.objects.update_in(conn, "migration", op.migration_id or "", record, keep=REQUESTS)
             cloud.objects.update_in(conn, "instance", op.instance_id, body)
             self.ops.advance(
                 conn,
@@ -632,6 +644,13 @@ class Conductor:
 class _System:
     project_id: str = ""
     is_admin: bool = True
+
+
+def _resting(record: dict[str, Any]) -> dict[str, Any]:
+    """How a moved server rests: stopped if it was stopped when the move began, as in Nova."""
+    if record.get("old_vm_state") == "stopped":
+        return {"status": "SHUTOFF", "vm_state": "stopped", "power_state": 4}
+    return {"status": "ACTIVE", "vm_state": "active", "power_state": 1}
 
 
 def _settled_status(body: dict[str, Any]) -> str:

@@ -120,7 +120,7 @@ READ_ONLY = (
     "locations",
     "stores",
 )
-RESERVED = ("location", "deleted", "deleted_at")
+RESERVED = ("location", "deleted", "deleted_at", "_members")
 RESERVED_PREFIX = "os_glance"
 TAGS_MAX = 128
 PROPERTIES_MAX = 128
@@ -208,6 +208,10 @@ def image_file(cloud: Cloud, image_id: str) -> Path:
     return images_dir(cloud) / image_id
 
 
+MEMBERS = "_members"  # project id -> {status, created_at, updated_at}; never rendered
+MEMBER_STATUSES = ("pending", "accepted", "rejected")
+
+
 def render(body: Mapping[str, Any]) -> dict[str, Any]:
     """The image as glance returns it: base fields first, then the custom properties."""
     out: dict[str, Any] = {key: body.get(key) for key in _BASE_ORDER}
@@ -250,7 +254,7 @@ _BASE_ORDER = (
     "updated_at",
     "tags",
 )
-_OWN_FIELDS = frozenset((*_BASE_ORDER, "self", "file", "schema"))
+_OWN_FIELDS = frozenset((*_BASE_ORDER, "self", "file", "schema", MEMBERS))
 
 
 # -- visibility -------------------------------------------------------------------------------
@@ -261,7 +265,15 @@ def _visible(body: Mapping[str, Any], caller: Caller) -> bool:
         return True
     if body.get("visibility") in ("public", "community"):
         return True
-    return bool(body.get("owner") == caller.project_id)
+    return bool(body.get("owner") == caller.project_id) or _member_status(body, caller) is not None
+
+
+def _member_status(body: Mapping[str, Any], caller: Caller) -> str | None:
+    """The caller's status as a member of a shared image (None: not a member)."""
+    if body.get("visibility") != "shared":
+        return None
+    member = (body.get(MEMBERS) or {}).get(caller.project_id)
+    return None if member is None else str(member["status"])
 
 
 def _may_change(body: Mapping[str, Any], caller: Caller) -> bool:
@@ -564,12 +576,19 @@ def _matches(body: Mapping[str, Any], query: ImageQuery) -> bool:
     return all(tag in tags for tag in query.tags)
 
 
-def _listed(body: Mapping[str, Any], caller: Caller, visibility: str | None) -> bool:
-    """Glance's default list: public, the caller's own, but others' community only on request."""
+def _listed(
+    body: Mapping[str, Any], caller: Caller, visibility: str | None, member_status: str
+) -> bool:
+    """Glance's default list: public, the caller's own, shared ones whose membership has
+    `member_status` (accepted unless asked), but others' community only on request."""
     mine = body.get("owner") == caller.project_id
     kind = body.get("visibility")
+    membership = _member_status(body, caller)
+    shared = membership is not None and member_status in (membership, "all")
     if visibility is None:
-        return caller.is_admin or kind == "public" or mine
+        return caller.is_admin or kind == "public" or mine or shared
+    if visibility == "shared":
+        return kind == "shared" and (caller.is_admin or mine or shared)
     if visibility == "all":
         return _visible(body, caller)
     return kind == visibility and (caller.is_admin or kind in ("public", "community") or mine)
@@ -597,11 +616,14 @@ def list_images(
     if visibility is not None and visibility not in (*VISIBILITIES, "all"):
         raise ImageInvalid(f"Invalid visibility value: {visibility}")
     hidden = filters.pop("os_hidden", "false").lower() in ("true", "1", "yes")
+    member_status = filters.pop("member_status", "accepted")
+    if member_status not in (*MEMBER_STATUSES, "all"):
+        raise ImageInvalid(f"Invalid status value: {member_status}")
     filtered = ImageQuery(filters, query.tags, query.sort, query.limit, query.marker)
     docs = [
         doc
         for doc in cloud.objects.list("image")
-        if _listed(doc.body, caller, visibility)
+        if _listed(doc.body, caller, visibility, member_status)
         and bool(doc.body.get("os_hidden")) == hidden
         and _matches(doc.body, filtered)
     ]
@@ -618,6 +640,91 @@ def list_images(
         images = images[index + 1 :]
     page = images[: query.limit]
     return page, len(page) == query.limit and query.limit > 0
+
+
+# -- members ----------------------------------------------------------------------------------
+
+
+def member_view(image_id: str, member_id: str, member: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "image_id": image_id,
+        "member_id": member_id,
+        "status": member["status"],
+        "created_at": member["created_at"],
+        "updated_at": member["updated_at"],
+        "schema": "/v2/schemas/member",
+    }
+
+
+def _shared(cloud: Cloud, caller: Caller, image_id: str) -> dict[str, Any]:
+    body = _load(cloud, caller, image_id)
+    if body.get("visibility") != "shared":
+        raise ImageForbidden(
+            f"Only shared images have members. Image {image_id} is {body.get('visibility')}."
+        )
+    return body
+
+
+def list_members(cloud: Cloud, caller: Caller, image_id: str) -> list[dict[str, Any]]:
+    """The owner (or an admin) sees every member; a member sees its own membership."""
+    body = _shared(cloud, caller, image_id)
+    members = dict(body.get(MEMBERS) or {})
+    if not _may_change(body, caller):
+        members = {k: v for k, v in members.items() if k == caller.project_id}
+    return [member_view(image_id, k, v) for k, v in sorted(members.items())]
+
+
+def get_member(cloud: Cloud, caller: Caller, image_id: str, member_id: str) -> dict[str, Any]:
+    body = _shared(cloud, caller, image_id)
+    member = (body.get(MEMBERS) or {}).get(member_id)
+    if member is None or not (_may_change(body, caller) or member_id == caller.project_id):
+        raise ImageNotFound(f"{member_id} is not a member of image {image_id}")
+    return member_view(image_id, member_id, member)
+
+
+def add_member(cloud: Cloud, caller: Caller, image_id: str, member_id: Any) -> dict[str, Any]:
+    if not isinstance(member_id, str) or not member_id or len(member_id) > 255:
+        raise ImageInvalid("Invalid input for field member: a project id (1-255 characters)")
+    body = _shared(cloud, caller, image_id)
+    if not _may_change(body, caller):
+        raise ImageForbidden("You are not permitted to add members to this image.")
+    members = dict(body.get(MEMBERS) or {})
+    if member_id in members:
+        raise ImageConflict(f"Member {member_id} already exists for image {image_id}.")
+    now = _iso(cloud.clock())
+    members[member_id] = {"status": "pending", "created_at": now, "updated_at": now}
+    body[MEMBERS] = members
+    _save(cloud, body)
+    return member_view(image_id, member_id, members[member_id])
+
+
+def set_member_status(
+    cloud: Cloud, caller: Caller, image_id: str, member_id: str, status: Any
+) -> dict[str, Any]:
+    """Only the member itself accepts, rejects or defers a shared image (Glance's rule)."""
+    if status not in MEMBER_STATUSES:
+        raise ImageInvalid(f"Invalid status {status!r}: one of {', '.join(MEMBER_STATUSES)}")
+    body = _shared(cloud, caller, image_id)
+    members = dict(body.get(MEMBERS) or {})
+    if member_id not in members:
+        raise ImageNotFound(f"{member_id} is not a member of image {image_id}")
+    if member_id != caller.project_id:
+        raise ImageForbidden("Only the member itself may change its membership status.")
+    members[member_id] = {**members[member_id], "status": status, "updated_at": _iso(cloud.clock())}
+    body[MEMBERS] = members
+    _save(cloud, body)
+    return member_view(image_id, member_id, members[member_id])
+
+
+def remove_member(cloud: Cloud, caller: Caller, image_id: str, member_id: str) -> None:
+    body = _shared(cloud, caller, image_id)
+    if not _may_change(body, caller):
+        raise ImageForbidden("You are not permitted to remove members of this image.")
+    members = dict(body.get(MEMBERS) or {})
+    if members.pop(member_id, None) is None:
+        raise ImageNotFound(f"{member_id} is not a member of image {image_id}")
+    body[MEMBERS] = members
+    _save(cloud, body)
 
 
 # -- data -------------------------------------------------------------------------------------

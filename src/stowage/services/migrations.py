@@ -171,6 +171,7 @@ def _start(
         "new_flavor": flavor,
         "user_id": user_id,
         "project_id": project_id,
+        "old_vm_state": body.get("vm_state"),
     }
     moving_status, task = _MOVING[migration_type]
     body.update(status=moving_status, task_state=task)
@@ -392,27 +393,34 @@ def _end_resize(
 def abort_live_migration(cloud: Cloud, instance_id: str, migration_id: str) -> None:
     """DELETE .../migrations/{id} (2.24): a live migration still queued, preparing or running
     is cancelled; the destination is undone and its claims go with the record."""
-    record = _live(cloud, instance_id, migration_id, "abort")
-    if record["status"] not in ("queued", "preparing", "running"):
-        raise ConflictError(
-            f"Migration {migration_id} state of instance {instance_id} is {record['status']}. "
-            "Cannot abort live migration while the migration is in this state."
-        )
-    record["abort"] = True
-    cloud.objects.update("migration", migration_id, record)
-    cloud.kick()
+    _request(cloud, instance_id, migration_id, "abort", ("queued", "preparing", "running"))
 
 
 def force_complete_live_migration(cloud: Cloud, instance_id: str, migration_id: str) -> None:
     """POST .../migrations/{id}/action force_complete (2.22): end the memory copy now."""
-    record = _live(cloud, instance_id, migration_id, "force complete")
-    if record["status"] != "running":
-        raise ConflictError(
-            f"Migration {migration_id} state of instance {instance_id} is {record['status']}. "
-            "Cannot force complete live migration while the migration is in this state."
-        )
-    record["force_complete"] = True
-    cloud.objects.update("migration", migration_id, record)
+    _request(cloud, instance_id, migration_id, "force_complete", ("running",))
+
+
+REQUESTS = ("abort", "force_complete")
+"""Flags an API request sets on a migration in flight; the conductor's writes keep them."""
+
+
+def _request(
+    cloud: Cloud, instance_id: str, migration_id: str, flag: str, statuses: tuple[str, ...]
+) -> None:
+    what = flag.replace("_", " ")
+    while True:
+        doc = cloud.objects.find("migration", migration_id)
+        record = _live(cloud, instance_id, migration_id, what)
+        if record["status"] not in statuses:
+            raise ConflictError(
+                f"Migration {migration_id} state of instance {instance_id} is "
+                f"{record['status']}. Cannot {what} live migration while the migration is in "
+                "this state."
+            )
+        assert doc is not None
+        if cloud.objects.swap("migration", migration_id, doc.body, {**record, flag: True}):
+            break
     cloud.kick()
 
 

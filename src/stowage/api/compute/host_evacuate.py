@@ -1,4 +1,5 @@
-"""Stowage's extension: evacuate every instance of a down host as one plan (admin only)."""
+"""Stowage's extensions for whole hosts (admin only): evacuate every instance of a down host
+as one plan, and run a host's reconciler now."""
 
 from __future__ import annotations
 
@@ -45,3 +46,13 @@ async def evacuate(request: Request, host: str) -> JSONResponse:
             }
         )
     return JSONResponse({"host": host, "evacuations": out})
+
+
+@router.post("/os-stowage-hosts/{host}/reconcile")
+async def reconcile(request: Request, host: str) -> JSONResponse:
+    """The host's reconciler, on demand: its report, divergences recorded as faults."""
+    from stowage.api.compute.sim import control
+
+    require_admin(request)
+    report = await control(request, host, "reconcile", {})
+    return JSONResponse({"reconcile": report})

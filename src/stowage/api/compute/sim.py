@@ -3,8 +3,9 @@
 `GET /os-stowage-sim` shows every host's agent (running or stopped, what its hypervisor
 runs, with pins); `POST /os-stowage-sim/{host}/action` takes one of `{"stop": {}}`,
 `{"start": {}}`, `{"fault": {"operation", "step", "action": fail|hang|crash, "times"}}`,
-`{"slow-disk": {"seconds": S}}`, `{"clear": {}}`. The controls reach the agent over the bus,
-on a topic it serves even while "stopped".
+`{"slow-disk": {"seconds": S}}`, `{"clear": {}}`, and `{"repin": {"instance_id", "pins"}}`
+(change an instance's pins behind the ledger's back, for the reconciler to find). The
+controls reach the agent over the bus, on a topic it serves even while "stopped".
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ router = APIRouter()
 
 _CONTROL_TIMEOUT_S = 10.0
 _ACTIONS = {
+    "repin": "repin",
     "stop": "stop",
     "start": "start",
     "fault": "fault",
@@ -32,12 +34,14 @@ _ACTIONS = {
 }
 
 
-async def _control(request: Request, host: str, method: str, payload: dict[str, Any]) -> Any:
+async def control(request: Request, host: str, method: str, payload: dict[str, Any]) -> Any:
     from stowage.agent.server import control_topic
 
     cloud = cloud_of(request)
+    if host not in set(instance_hosts(cloud).values()):
+        raise ApiError(404, f"Compute host {host} could not be found.")
     if cloud.bus is None:
-        raise ApiError(409, "This cloud runs no simulated hypervisors in this process.")
+        raise ApiError(409, "This API process has no bus to the agents.")
     try:
         return await cloud.bus.call(
             control_topic(host),
@@ -58,7 +62,7 @@ async def show(request: Request) -> JSONResponse:
     cloud = cloud_of(request)
     out = []
     for name in sorted(instance_hosts(cloud).values()):
-        agent = await _control(request, name, "show", {})
+        agent = await control(request, name, "show", {})
         agent["service_up"] = host_is_up(cloud, name)
         out.append(agent)
     return JSONResponse({"hosts": out})
@@ -83,11 +87,17 @@ async def act(request: Request, host: str) -> JSONResponse:
                 raise ApiError(400, f"Invalid input for field/attribute {field}: required")
         if args.get("action", "fail") not in ("fail", "hang", "crash"):
             raise ApiError(400, "Invalid input for field/attribute action: fail, hang or crash")
+    if action == "repin":
+        pins = args.get("pins")
+        if not isinstance(args.get("instance_id"), str) or not isinstance(pins, dict):
+            raise ApiError(400, "Invalid input for field/attribute pins: {vCPU: pCPU} required")
+        if not all(str(k).isdigit() and isinstance(v, int) for k, v in pins.items()):
+            raise ApiError(400, "Invalid input for field/attribute pins: {vCPU: pCPU} required")
     if action == "slow-disk":
         seconds = args.get("seconds")
         if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
             raise ApiError(400, "Invalid input for field/attribute seconds: a number >= 0")
-    agent = await _control(request, host, _ACTIONS[action], args)
+    agent = await control(request, host, _ACTIONS[action], args)
     if action == "start":
         # Back at once, as a restarted service's first heartbeat would say.
         cloud.ledger.heartbeat([host])

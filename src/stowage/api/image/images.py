@@ -288,3 +288,42 @@ async def schema_image(ctx: Reader) -> JSONResponse:
 @router.get("/schemas/images")
 async def schema_images(ctx: Reader) -> JSONResponse:
     return _json(images_schema())
+
+
+# -- members ----------------------------------------------------------------------------------
+
+
+@router.get("/images/{image_id}/members")
+async def list_members(image_id: str, request: Request, ctx: Reader) -> JSONResponse:
+    members = svc.list_members(cloud_of(request), ctx, image_id)
+    return _json({"members": members, "schema": "/v2/schemas/members"})
+
+
+@router.post("/images/{image_id}/members")
+async def add_member(image_id: str, request: Request, ctx: Writer) -> JSONResponse:
+    body = await json_body(request)
+    if not isinstance(body, dict) or "member" not in body:
+        raise ApiError(400, "Request body must be a JSON object with a 'member'.")
+    return _json(svc.add_member(cloud_of(request), ctx, image_id, body["member"]))
+
+
+@router.get("/images/{image_id}/members/{member_id}")
+async def show_member(image_id: str, member_id: str, request: Request, ctx: Reader) -> JSONResponse:
+    return _json(svc.get_member(cloud_of(request), ctx, image_id, member_id))
+
+
+@router.put("/images/{image_id}/members/{member_id}")
+async def update_member(
+    image_id: str, member_id: str, request: Request, ctx: Writer
+) -> JSONResponse:
+    body = await json_body(request)
+    if not isinstance(body, dict) or "status" not in body:
+        raise ApiError(400, "Request body must be a JSON object with a 'status'.")
+    cloud = cloud_of(request)
+    return _json(svc.set_member_status(cloud, ctx, image_id, member_id, body["status"]))
+
+
+@router.delete("/images/{image_id}/members/{member_id}")
+async def remove_member(image_id: str, member_id: str, request: Request, ctx: Writer) -> Response:
+    svc.remove_member(cloud_of(request), ctx, image_id, member_id)
+    return Response(status_code=204)
