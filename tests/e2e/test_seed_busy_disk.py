@@ -23,7 +23,7 @@ from tests.e2e.test_seed_evacuation_anti_affinity import audit_is_clean
 from tests.e2e.test_seed_stale_migration import sim
 
 HEARTBEAT_S = 0.5
-SLOW_READ_S = 1.5
+SLOW_READ_S = 3.0
 SNAPSHOTS = 4
 
 
