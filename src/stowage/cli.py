@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Stowage: a compute cloud control plane that speaks the OpenStack APIs.")
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # paths in messages stay whole
 
 StateDir = Annotated[
     Path,

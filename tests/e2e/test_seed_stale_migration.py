@@ -77,7 +77,11 @@ def test_failed_live_migration_in_preparing_then_repeated(cloud: RunningCloud, s
         "flavor", "create", "cirros256-pinned", "--public", "--vcpus", "1", "--ram", "256",
         "--disk", "1", "--property", "hw_rng:allowed=True", "--property", "hw:cpu_policy=dedicated",
     )  # fmt: skip
-    server = cloud.boot("vm0", "--availability-zone", ":host1", flavor="cirros256-pinned")
+    # The reporter's command, but for --boot-from-volume (Stowage has no block storage).
+    server = cloud.osc_json(
+        "server", "create", "--flavor", "cirros256-pinned", "--image", "cirros-0.6.2-x86_64-disk",
+        "--nic", "net-id=private", "--availability-zone", ":host1", "vm0", "--wait",
+    )  # fmt: skip
     assert server["OS-EXT-SRV-ATTR:host"] == "host1"
 
     # The destination's compute service stops while the migration prepares there.

@@ -146,10 +146,10 @@ def soak(seed: int, cloud: RunningCloud, api: Api) -> None:
         sim(cloud, "start", host)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
-        for s in servers(api):
-            if s["status"] == "VERIFY_RESIZE":
-                api.call("POST", f"/servers/{s['id']}/action", {"confirmResize": None})
-        if not _active_operations(cloud) and all(
+        waiting = [s for s in servers(api) if s["status"] == "VERIFY_RESIZE"]
+        for s in waiting:
+            api.call("POST", f"/servers/{s['id']}/action", {"confirmResize": None})
+        if not waiting and not _active_operations(cloud) and all(
             s["OS-EXT-STS:task_state"] is None for s in servers(api)
         ):
             break

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,6 +15,7 @@ from stowage.api.common import ApiError, json_body
 from stowage.api.compute.microversion import Microversion, mv
 from stowage.api.compute.servers import load_server
 from stowage.ledger.objects import Document
+from stowage.services.cloud import Cloud
 
 router = APIRouter()
 
@@ -133,21 +135,29 @@ async def show_server_migration(
     return JSONResponse({"migration": migration_view(doc, mv(request))})
 
 
-@router.delete("/servers/{server_id}/migrations/{migration_ref}")
-async def abort_server_migration(request: Request, server_id: str, migration_ref: str) -> Response:
-    """2.24: abort a live migration in progress; its destination is undone."""
+async def _request_on_live_migration(
+    request: Request, server_id: str, migration_ref: str, ask: Callable[[Cloud, str, str], None]
+) -> Response:
+    """Ask the conductor to abort or finish a live migration; 202 once it has had its go."""
     from stowage.api.compute.servers import settled
-    from stowage.services.migrations import abort_live_migration
 
     ctx = require_admin(request)
-    if mv(request) < (2, 24):
-        raise ApiError(404, "Aborting a live migration needs microversion 2.24 or later.")
     cloud = cloud_of(request)
     load_server(cloud, ctx, server_id)
     doc = _live_migration(request, server_id, migration_ref)
-    await asyncio.to_thread(abort_live_migration, cloud, server_id, doc.id)
+    await asyncio.to_thread(ask, cloud, server_id, doc.id)
     await settled(cloud, [server_id])
     return Response(status_code=202)
+
+
+@router.delete("/servers/{server_id}/migrations/{migration_ref}")
+async def abort_server_migration(request: Request, server_id: str, migration_ref: str) -> Response:
+    """2.24: abort a live migration in progress; its destination is undone."""
+    from stowage.services.migrations import abort_live_migration
+
+    if mv(request) < (2, 24):
+        raise ApiError(404, "Aborting a live migration needs microversion 2.24 or later.")
+    return await _request_on_live_migration(request, server_id, migration_ref, abort_live_migration)
 
 
 @router.post("/servers/{server_id}/migrations/{migration_ref}/action")
@@ -155,18 +165,13 @@ async def force_complete_server_migration(
     request: Request, server_id: str, migration_ref: str
 ) -> Response:
     """2.22: force an in-progress live migration to complete."""
-    from stowage.api.compute.servers import settled
     from stowage.services.migrations import force_complete_live_migration
 
-    ctx = require_admin(request)
     if mv(request) < (2, 22):
         raise ApiError(404, "Forcing a live migration to complete needs microversion 2.22.")
     payload = await json_body(request)
     if not isinstance(payload, dict) or "force_complete" not in payload:
         raise ApiError(400, "Invalid input: the action must be force_complete")
-    cloud = cloud_of(request)
-    load_server(cloud, ctx, server_id)
-    doc = _live_migration(request, server_id, migration_ref)
-    await asyncio.to_thread(force_complete_live_migration, cloud, server_id, doc.id)
-    await settled(cloud, [server_id])
-    return Response(status_code=202)
+    return await _request_on_live_migration(
+        request, server_id, migration_ref, force_complete_live_migration
+    )
