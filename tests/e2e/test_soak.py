@@ -149,8 +149,10 @@ def soak(seed: int, cloud: RunningCloud, api: Api) -> None:
         waiting = [s for s in servers(api) if s["status"] == "VERIFY_RESIZE"]
         for s in waiting:
             api.call("POST", f"/servers/{s['id']}/action", {"confirmResize": None})
-        if not waiting and not _active_operations(cloud) and all(
-            s["OS-EXT-STS:task_state"] is None for s in servers(api)
+        if (
+            not waiting
+            and not _active_operations(cloud)
+            and all(s["OS-EXT-STS:task_state"] is None for s in servers(api))
         ):
             break
         time.sleep(1)
