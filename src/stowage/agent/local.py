@@ -7,31 +7,27 @@ import asyncio
 import contextlib
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from stowage.agent.metrics import AgentMetrics, AgentObserver, observe_agent
 from stowage.agent.reconciler import Reconciler
 from stowage.agent.runtime import AgentConfig
 from stowage.agent.server import AgentServer, ImageUpload
+from stowage.bus.base import Transport
 from stowage.bus.inproc import InProcTransport
+from stowage.services.caller import SystemCaller
 from stowage.services.cloud import Cloud
-from stowage.services.conductor import Conductor, ConductorConfig
+from stowage.services.conductor import Conductor, conductor_config
 from stowage.services.reconcile import Divergence, expected_on_host, record_divergence
+from stowage.virt.driver import Driver
 from stowage.virt.sim import SimConfig, SimDriver
 
-__all__ = ["LocalCompute", "make_reconciler", "make_upload_sink"]
+__all__ = ["LocalCompute", "agent_server", "make_reconciler", "make_upload_sink"]
 
 log = logging.getLogger(__name__)
 
 SIM_DISK_BYTES = 1024 * 1024
 RECONCILE_INTERVAL_S = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class _System:
-    project_id: str
-    is_admin: bool = True
 
 
 class _LocalUpload:
@@ -78,16 +74,7 @@ class LocalCompute:
         self.cloud = cloud
         self.bus = InProcTransport()
         self.metrics = AgentMetrics.create()
-        config = cloud.config
-        self.conductor = Conductor(
-            cloud,
-            self.bus,
-            ConductorConfig(
-                call_timeout_s=config.op_timeout_s,
-                resize_confirm_window_s=config.resize_confirm_window_s,
-                live_migration_transfer_s=config.live_migration_s,
-            ),
-        )
+        self.conductor = Conductor(cloud, self.bus, conductor_config(cloud))
         self.agents: dict[str, AgentServer] = {}
         self.reconcilers: dict[str, Reconciler] = {}
         self._observers: list[AgentObserver] = []
@@ -142,17 +129,7 @@ class LocalCompute:
                 ),
                 disk_dir=sim_dir / name,
             )
-            server = AgentServer(
-                name,
-                driver,
-                self.bus,
-                _heartbeat_of(cloud, name),
-                config=AgentConfig(
-                    heartbeat_interval_s=cloud.config.heartbeat_interval_s,
-                    max_concurrent_disk_ops=cloud.config.max_concurrent_disk_ops,
-                ),
-                image_sink=make_upload_sink(cloud),
-            )
+            server = agent_server(cloud, name, driver, self.bus)
             await server.serve()
             self.agents[name] = server
             self._observers.append(observe_agent(self.metrics, name, server.agent))
@@ -247,7 +224,7 @@ def make_upload_sink(cloud: Cloud) -> Any:
     async def sink(image_id: str, payload: dict[str, Any]) -> ImageUpload:
         from stowage.services import images
 
-        caller = _System(str(payload.get("project_id") or ""))
+        caller = SystemCaller(str(payload.get("project_id") or ""))
         upload = await asyncio.to_thread(images.begin_upload, cloud, caller, image_id)
         return _LocalUpload(upload)
 
@@ -260,11 +237,23 @@ def _host_names(cloud: Cloud) -> list[str]:
     return sorted(instance_hosts(cloud).values())
 
 
-def _heartbeat_of(cloud: Cloud, host: str) -> Any:
+def agent_server(cloud: Cloud, host: str, driver: Driver, bus: Transport) -> AgentServer:
+    """A host's agent on the bus, heartbeating into the ledger, snapshots into the images."""
+
     def beat() -> None:
         cloud.ledger.heartbeat([host])
 
-    return beat
+    return AgentServer(
+        host,
+        driver,
+        bus,
+        beat,
+        config=AgentConfig(
+            heartbeat_interval_s=cloud.config.heartbeat_interval_s,
+            max_concurrent_disk_ops=cloud.config.max_concurrent_disk_ops,
+        ),
+        image_sink=make_upload_sink(cloud),
+    )
 
 
 def _placed(cloud: Cloud) -> list[tuple[str, str, str]]:

@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from stowage.agent.metrics import AgentMetrics
-from stowage.agent.runtime import AgentConfig
-from stowage.agent.server import AgentServer
 from stowage.bus.base import Transport
 from stowage.domain.topology import HostSpec
 from stowage.services.cloud import Cloud
-from stowage.services.conductor import Conductor, ConductorConfig
+from stowage.services.conductor import Conductor, conductor_config
 from stowage.virt.driver import Driver
 
 __all__ = ["run_agent", "run_conductor", "run_until_signal"]
@@ -46,16 +44,7 @@ async def _connect(bus_url: str) -> Transport:
 async def run_conductor(cloud: Cloud, bus_url: str, stop: asyncio.Event) -> None:
     """Lease and drive operations until `stop`; several conductors may run at once."""
     bus = await _connect(bus_url)
-    config = cloud.config
-    conductor = Conductor(
-        cloud,
-        bus,
-        ConductorConfig(
-            call_timeout_s=config.op_timeout_s,
-            resize_confirm_window_s=config.resize_confirm_window_s,
-            live_migration_transfer_s=config.live_migration_s,
-        ),
-    )
+    conductor = Conductor(cloud, bus, conductor_config(cloud))
     # Leases of a crashed conductor run out and are taken over; never void another's lease.
     task = asyncio.create_task(conductor.run(take_over=False))
     log.info("conductor %s running", conductor.owner)
@@ -94,26 +83,12 @@ async def run_agent(
     stop: asyncio.Event,
 ) -> None:
     """Register the host, then heartbeat and serve its operations until `stop`."""
-    from stowage.agent.local import make_reconciler, make_upload_sink
+    from stowage.agent.local import agent_server, make_reconciler
 
     await asyncio.to_thread(cloud.ledger.register_host, spec)
     bus = await _connect(bus_url)
     metrics = AgentMetrics.create()
-
-    def beat() -> None:
-        cloud.ledger.heartbeat([spec.name])
-
-    server = AgentServer(
-        spec.name,
-        driver,
-        bus,
-        beat,
-        config=AgentConfig(
-            heartbeat_interval_s=cloud.config.heartbeat_interval_s,
-            max_concurrent_disk_ops=cloud.config.max_concurrent_disk_ops,
-        ),
-        image_sink=make_upload_sink(cloud),
-    )
+    server = agent_server(cloud, spec.name, driver, bus)
     await server.serve()
     reconciler = make_reconciler(cloud, spec.name, server, metrics)
     task: asyncio.Task[Any] = asyncio.create_task(reconciler.run_forever(60.0))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Caller"]
+__all__ = ["Caller", "SystemCaller"]
 
 
 class Caller(Protocol):
@@ -13,3 +14,11 @@ class Caller(Protocol):
 
     @property
     def is_admin(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SystemCaller:
+    """The cloud acting for itself (bootstrap, the conductor, an agent's upload) in a project."""
+
+    project_id: str = ""
+    is_admin: bool = True

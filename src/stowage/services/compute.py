@@ -28,6 +28,7 @@ __all__ = [
     "rebuild_server",
     "record_action",
     "snapshot_server",
+    "take_instance",
 ]
 
 
@@ -325,7 +326,7 @@ def _allocate_addresses(cloud: Cloud, body: dict[str, Any], *, is_admin: bool) -
     return networks.addresses_of(cloud, body["id"])
 
 
-def _take(
+def take_instance(
     cloud: Cloud,
     conn: Connection,
     instance_id: str,
@@ -397,9 +398,11 @@ def delete_server(cloud: Cloud, instance_id: str) -> None:
 
 def _release_migrations(cloud: Cloud, instance_id: str) -> None:
     """A deleted instance's moves end with it: their claims go, their records say so."""
+    from stowage.services.migrations import ENDED
+
     for doc in cloud.objects.list("migration"):
         record = dict(doc.body)
-        if record.get("instance_uuid") != instance_id or record.get("status") in _MOVE_ENDED:
+        if record.get("instance_uuid") != instance_id or record.get("status") in ENDED:
             continue
         record["status"] = "failed"
         record["reason"] = "the instance was deleted"
@@ -408,9 +411,6 @@ def _release_migrations(cloud: Cloud, instance_id: str) -> None:
             cloud.objects.update_in(conn, "migration", mid, rec)
 
         cloud.ledger.fail_migration(doc.id, also=write)
-
-
-_MOVE_ENDED = frozenset({"completed", "confirmed", "reverted", "failed", "cancelled", "done"})
 
 
 def power_action(
@@ -436,7 +436,7 @@ def power_action(
     if action in _ON_AGENT and host:
         body["task_state"] = _ON_AGENT[action]
         with cloud.ledger.engine.begin() as conn:
-            _take(cloud, conn, instance_id, doc.body, body, _ACTION_NAMES[action])
+            take_instance(cloud, conn, instance_id, doc.body, body, _ACTION_NAMES[action])
             cloud.operations.enqueue(
                 "power",
                 instance_id,
@@ -552,7 +552,7 @@ def snapshot_server(
     before = dict(body)
     body["task_state"] = "image_uploading"
     with cloud.ledger.engine.begin() as conn:
-        _take(cloud, conn, instance_id, before, body, "createImage")
+        take_instance(cloud, conn, instance_id, before, body, "createImage")
         cloud.operations.enqueue(
             "snapshot",
             instance_id,
@@ -589,7 +589,7 @@ def rebuild_server(cloud: Cloud, instance_id: str, image_id: str, name: str | No
         body["name"] = name
     body.update(status="REBUILD", task_state="rebuilding")
     with cloud.ledger.engine.begin() as conn:
-        _take(cloud, conn, instance_id, before, body, "rebuild")
+        take_instance(cloud, conn, instance_id, before, body, "rebuild")
         if name:
             cloud.objects.rename_in(conn, "instance", instance_id, name)
         cloud.operations.enqueue(

@@ -39,7 +39,6 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,10 +50,11 @@ from stowage.domain.topology import ResourceClass
 from stowage.ledger.db import READONLY
 from stowage.ledger.operations import Operation, Operations
 from stowage.ledger.schema import allocations, consumers, hosts, numa_claims, pins
+from stowage.services.caller import SystemCaller
 from stowage.services.cloud import Cloud
-from stowage.services.migrations import REQUESTS
+from stowage.services.migrations import REQUESTS, settled_status
 
-__all__ = ["Conductor", "ConductorConfig", "claim_of"]
+__all__ = ["Conductor", "ConductorConfig", "claim_of", "conductor_config"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,16 @@ class ConductorConfig:
     concurrency_max: int = 64
     resize_confirm_window_s: float = 0.0  # 0: never confirm a resize automatically
     live_migration_transfer_s: float = 0.0  # the simulated memory copy of a live migration
+
+
+def conductor_config(cloud: Cloud) -> ConductorConfig:
+    """The conductor's settings from the cloud's (the same for `stowage up` and production)."""
+    config = cloud.config
+    return ConductorConfig(
+        call_timeout_s=config.op_timeout_s,
+        resize_confirm_window_s=config.resize_confirm_window_s,
+        live_migration_transfer_s=config.live_migration_s,
+    )
 
 
 def claim_of(cloud: Cloud, consumer_id: str) -> dict[str, Any] | None:
@@ -143,7 +153,6 @@ class Conductor:
         self._active: dict[str, asyncio.Task[None]] = {}
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.steps_run = 0
 
     # -- the loop --------------------------------------------------------------------
 
@@ -251,7 +260,6 @@ class Conductor:
                     # The instance (or its migration) is gone: a delete overtook this op.
                     await asyncio.to_thread(self._give_up, current, str(exc))
                     return
-                self.steps_run += 1
                 current = await asyncio.to_thread(self.ops.find, current.id)
         except Exception:
             log.exception("operation %s (%s) failed in the conductor", op.id, op.kind)
@@ -416,7 +424,7 @@ class Conductor:
 
             # Never a half-written snapshot: the image goes with the failed upload.
             with contextlib.suppress(NotFound):
-                images.delete_image(cloud, _System(), str(op.payload["image_id"]))
+                images.delete_image(cloud, SystemCaller(), str(op.payload["image_id"]))
         doc = cloud.objects.find("instance", op.instance_id)
         with cloud.ledger.engine.begin() as conn:
             if doc is not None:
@@ -559,7 +567,7 @@ class Conductor:
             body.update(**_resting(record))
             record["status"] = "confirmed"
         else:
-            body.update(status=_settled_status(body))
+            body.update(status=settled_status(body))
             record["status"] = "completed"
 
         def write(conn: Connection) -> None:
@@ -603,7 +611,7 @@ class Conductor:
                 "RESIZE",
                 "REBUILD",
             ):
-                body.update(status=_settled_status(body), task_state=None)
+                body.update(status=settled_status(body), task_state=None)
 
         def write(conn: Connection) -> None:
             cloud.objects.update_in(conn, "migration", op.migration_id or "", record, keep=REQUESTS)
@@ -640,27 +648,11 @@ class Conductor:
                     log.info("resize of %s confirmed automatically", record["instance_uuid"])
 
 
-@dataclass(frozen=True, slots=True)
-class _System:
-    project_id: str = ""
-    is_admin: bool = True
-
-
 def _resting(record: dict[str, Any]) -> dict[str, Any]:
     """How a moved server rests: stopped if it was stopped when the move began, as in Nova."""
     if record.get("old_vm_state") == "stopped":
         return {"status": "SHUTOFF", "vm_state": "stopped", "power_state": 4}
     return {"status": "ACTIVE", "vm_state": "active", "power_state": 1}
-
-
-def _settled_status(body: dict[str, Any]) -> str:
-    return {
-        "active": "ACTIVE",
-        "stopped": "SHUTOFF",
-        "paused": "PAUSED",
-        "error": "ERROR",
-        "suspended": "SUSPENDED",
-    }.get(body.get("vm_state", "active"), "ACTIVE")
 
 
 def _event(
@@ -692,6 +684,3 @@ def _event(
         action["message"] = message
     with contextlib.suppress(NotFound):
         cloud.objects.update("instance_action", doc.id, action)
-
-
-Clock = Callable[[], float]

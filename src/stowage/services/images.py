@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
-from stowage.services.caller import Caller
+from stowage.services.caller import Caller, SystemCaller
 
 if TYPE_CHECKING:
     from stowage.ledger.objects import Document
@@ -130,12 +130,6 @@ HASH_ALGO = "sha512"
 # One upload per image at a time in this process; the status column tells other readers.
 _uploads_lock = threading.Lock()
 _uploads: set[str] = set()
-
-
-@dataclass(frozen=True, slots=True)
-class _System:
-    project_id: str
-    is_admin: bool = True
 
 
 class ImageError(StowageError):
@@ -907,7 +901,7 @@ def bootstrap_images(cloud: Cloud, owner: str) -> None:
     for doc in cloud.objects.list("image"):
         if doc.body.get("name") == CIRROS_NAME and doc.body.get("status") == "active":
             return
-    admin = _System(owner)
+    admin = SystemCaller(owner)
     body = create_image(
         cloud,
         admin,

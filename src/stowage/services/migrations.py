@@ -31,7 +31,7 @@ from stowage.ledger.db import READONLY
 from stowage.ledger.schema import hosts
 from stowage.scheduling.framework import Request
 from stowage.services.cloud import Cloud
-from stowage.services.compute import shape_of_flavor
+from stowage.services.compute import shape_of_flavor, take_instance
 from stowage.services.scheduler import Placement
 
 __all__ = [
@@ -137,7 +137,7 @@ def _start(
     unsettled = [
         d.id
         for d in cloud.objects.list("migration")
-        if d.body.get("instance_uuid") == instance_id and d.body.get("status") not in _ENDED
+        if d.body.get("instance_uuid") == instance_id and d.body.get("status") not in _SETTLED
     ]
     if unsettled:
         raise ConflictError(
@@ -176,11 +176,8 @@ def _start(
     moving_status, task = _MOVING[migration_type]
     body.update(status=moving_status, task_state=task)
     # Whoever marks the instance moving first owns the move; a concurrent request is refused.
-    if not cloud.objects.swap("instance", instance_id, doc.body, body):
-        raise ConflictError(
-            f"Cannot '{migration_type}' instance {instance_id}: another request changed it "
-            "at the same moment"
-        )
+    with cloud.ledger.engine.begin() as conn:
+        take_instance(cloud, conn, instance_id, doc.body, body, migration_type)
     cloud.objects.create("migration", migration_id, record, project_id=project_id)
     request = Request(
         consumer_id=migration_id,
@@ -197,9 +194,10 @@ def _start(
     return _Started(migration_id, record, instance_id, flavor, request)
 
 
-_ENDED = frozenset(
-    {"completed", "confirmed", "reverted", "failed", "cancelled", "done", "finished"}
-)
+ENDED = frozenset({"completed", "confirmed", "reverted", "failed", "cancelled", "done"})
+"""Migration statuses that hold nothing: the move is over one way or the other."""
+# A finished resize (VERIFY_RESIZE) still holds both ends, but waits on its own action.
+_SETTLED = ENDED | {"finished"}
 _SUPERSEDED = frozenset({"build", "power", "rebuild", "snapshot"})
 
 
@@ -328,7 +326,7 @@ def _fail_start(
         body.update(status="ERROR", vm_state="error", task_state=None)
         body["fault"] = {"code": 500, "message": reason, "created": time.time(), "details": ""}
     else:
-        body.update(status=_settled_status(body), task_state=None)
+        body.update(status=settled_status(body), task_state=None)
     record.update(status="failed", reason=reason)
 
     write = _writer(cloud, migration_id, record, instance_id, body)
@@ -336,10 +334,15 @@ def _fail_start(
     return MoveResult(migration_id, "failed", None, reason)
 
 
-def _settled_status(body: dict[str, Any]) -> str:
-    return {"active": "ACTIVE", "stopped": "SHUTOFF", "paused": "PAUSED", "error": "ERROR"}.get(
-        body["vm_state"], "ACTIVE"
-    )
+def settled_status(body: dict[str, Any]) -> str:
+    """The status an instance rests in once nothing is happening to it, from its vm_state."""
+    return {
+        "active": "ACTIVE",
+        "stopped": "SHUTOFF",
+        "paused": "PAUSED",
+        "error": "ERROR",
+        "suspended": "SUSPENDED",
+    }.get(body.get("vm_state", "active"), "ACTIVE")
 
 
 def _resizing(
@@ -381,8 +384,7 @@ def _end_resize(
     record["status"] = status
     step = "source_cleanup" if kind == "confirm" else "abort_dest"
     with cloud.ledger.engine.begin() as conn:
-        if not cloud.objects.swap_in(conn, "instance", instance_id, before, body):
-            raise ConflictError(f"Instance {instance_id} changed at the same moment; try again.")
+        take_instance(cloud, conn, instance_id, before, body, action)
         cloud.objects.update_in(conn, "migration", migration_id, record)
         cloud.operations.enqueue(
             kind, instance_id, record[host_field], step=step, migration_id=migration_id, conn=conn
