@@ -22,9 +22,6 @@ AMQP_ADDRESS = (urlsplit(AMQP_URL).hostname or "127.0.0.1", urlsplit(AMQP_URL).p
 
 Payload = dict[str, Any]
 
-# One broker for every test that uses it, and one test restarts it: they run in one worker.
-pytestmark = pytest.mark.xdist_group("rabbitmq")
-
 
 def _rabbit_problem() -> str | None:
     try:

@@ -15,7 +15,7 @@ import pytest
 from tests.api.cloudproc import BIN, IMAGE, RunningCloud, free_port
 from tests.conftest import pg_schema_url
 
-pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("rabbitmq")]
+pytestmark = pytest.mark.postgres
 
 try:
     import libvirt  # noqa: F401
