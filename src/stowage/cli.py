@@ -73,19 +73,29 @@ def version() -> None:
 
 
 @app.command()
-def audit(state_dir: StateDir = Path(".stowage"), db: DbUrl = None) -> None:
-    """Check the ledger's invariants; exit 1 with a report when any fails."""
-    from stowage.ledger import audit as run_audit
+def audit(
+    state_dir: StateDir = Path(".stowage"),
+    db: DbUrl = None,
+    stale_after: Annotated[
+        float,
+        typer.Option(
+            "--stale-after", help="Seconds an operation may wait with no conductor holding it."
+        ),
+    ] = 300.0,
+) -> None:
+    """Check the ledger's and the documents' invariants; exit 1 with a report when any fails."""
+    from stowage.services.audit import audit_cloud
 
     ledger = _open_existing(_ledger_url(state_dir, db))
     try:
-        violations = run_audit(ledger)
+        violations = audit_cloud(ledger, stale_after_s=stale_after)
     finally:
         ledger.close()
     if not violations:
         console.print(
             "[green]ledger clean[/green]: no pCPU held twice, no group policy broken, "
-            "usage equals the sum of claims, no claim without a consumer"
+            "usage equals the sum of claims, no claim without a consumer; every instance "
+            "where its claims are, every move and operation owned, every quota kept"
         )
         return
     console.print(f"[red]{len(violations)} invariant violation(s)[/red]")
@@ -126,6 +136,20 @@ def _server_class() -> type:
     return Server
 
 
+ApiWait = Annotated[
+    float,
+    typer.Option(
+        "--api-wait-seconds",
+        help="How long an action's answer waits for its operation to end (0, as Nova: "
+        "answer as soon as the request is committed; clients poll).",
+    ),
+]
+MaxPerRequest = Annotated[
+    int,
+    typer.Option("--max-instances-per-request", min=1, help="A create's max_count is cut to this."),
+]
+
+
 @app.command()
 def up(
     state_dir: StateDir = Path(".stowage"),
@@ -161,6 +185,8 @@ def up(
         int,
         typer.Option("--max-concurrent-disk-ops", min=1, help="Disk-heavy work per agent."),
     ] = 2,
+    api_wait_seconds: ApiWait = 0.0,
+    max_instances_per_request: MaxPerRequest = 1000,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import uvicorn
@@ -188,6 +214,8 @@ def up(
         heartbeat_interval_s=heartbeat_interval,
         service_down_time_s=service_down_time,
         max_concurrent_disk_ops=max_concurrent_disk_ops,
+        api_wait_s=api_wait_seconds,
+        max_instances_per_request=max_instances_per_request,
     )
     if topology is not None:
         from stowage.domain.errors import InvalidSpec
@@ -238,6 +266,8 @@ def api_process(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     bus: BusUrl = DEFAULT_BUS,
     workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
+    api_wait_seconds: ApiWait = 0.0,
+    max_instances_per_request: MaxPerRequest = 1000,
 ) -> None:
     """Production: the APIs only (conductor and agents run as their own processes)."""
     import os
@@ -253,6 +283,8 @@ def api_process(
     os.environ["STOWAGE_API_DB"] = db or ""
     os.environ["STOWAGE_API_BUS"] = bus
     os.environ["STOWAGE_API_BASE"] = f"{host}:{port}"
+    os.environ["STOWAGE_API_WAIT"] = str(api_wait_seconds)
+    os.environ["STOWAGE_API_MAX_PER_REQUEST"] = str(max_instances_per_request)
     console.print(f"Stowage APIs at http://{host}:{port} ({workers} worker(s)).")
     uvicorn.run(
         "stowage.api.app:production_app",

@@ -138,6 +138,9 @@ def start_cloud(state_dir: Path, *extra: str) -> RunningCloud:
                 str(state_dir),
                 "--port",
                 str(port),
+                # Scripts here read a server's state right after an action without polling;
+                # waiting for the (quick, simulated) operation first keeps them short.
+                *(() if "--api-wait-seconds" in extra else ("--api-wait-seconds", "5")),
                 *extra,
             ],
             stdout=out,

@@ -77,6 +77,7 @@ class LagWatchdog:
         self.stall_s = stall_s
         self.samples: deque[float] = deque(maxlen=samples_max)
         self.stalls = 0
+        self.on_stall: Callable[[], None] = lambda: None
 
     async def run(self) -> None:
         while True:
@@ -86,6 +87,7 @@ class LagWatchdog:
             self.samples.append(lag_s)
             if lag_s >= self.stall_s:
                 self.stalls += 1
+                self.on_stall()
                 log.warning("event loop stalled for %.3f s", lag_s)
 
     @property

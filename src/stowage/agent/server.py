@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from stowage.agent.runtime import Agent, AgentConfig, OpResult
-from stowage.bus.base import Transport
+from stowage.bus.base import Transport, compute_topic, control_topic
 from stowage.virt.driver import Driver, DriverCrashed, InstanceNotFound, InstanceState
 
 __all__ = ["AgentServer", "ImageSink", "ImageUpload", "compute_topic", "control_topic"]
@@ -28,14 +28,6 @@ __all__ = ["AgentServer", "ImageSink", "ImageUpload", "compute_topic", "control_
 log = logging.getLogger(__name__)
 
 Payload = dict[str, Any]
-
-
-def compute_topic(host: str) -> str:
-    return f"compute.{host}"
-
-
-def control_topic(host: str) -> str:
-    return f"control.{host}"
 
 
 class ImageUpload(Protocol):

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,6 +22,7 @@ from stowage.api.common import (
     image_error,
     network_error,
     placement_error,
+    run_off_loop,
 )
 from stowage.api.compute import create_compute_app
 from stowage.api.identity import create_identity_app
@@ -51,11 +53,13 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     """The all-in-one cloud runs its agents, bus and conductor beside the APIs."""
     cloud: Cloud = app.state.cloud
     local = None
+    rabbit = None
     bus_url = getattr(app.state, "bus_url", None)
     if bus_url:
         from stowage.bus.rabbit import RabbitTransport
 
-        cloud.bus = await RabbitTransport.connect(bus_url)
+        rabbit = await RabbitTransport.connect(bus_url)
+        cloud.bus = rabbit
     if app.state.local_compute:
         from stowage.agent.local import LocalCompute
 
@@ -69,27 +73,62 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
             await asyncio.sleep(60.0)
 
     task = asyncio.create_task(prune())
+    watchdog = _api_watchdog(app)
+    lag_task = asyncio.create_task(watchdog.run())
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for running in (task, lag_task):
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
         if local is not None:
             await asyncio.to_thread(local.stop_thread)
-        elif cloud.bus is not None:
-            await cloud.bus.close()
+        elif rabbit is not None:
+            await rabbit.close()
         cloud.bus = None
 
 
+def _api_watchdog(app: Starlette) -> Any:
+    """The API's own event-loop lag, exported like the agents' (a late wake-up means a
+    handler held the loop, and every other request waited with it)."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge
+
+    from stowage.agent.runtime import LagWatchdog
+
+    watchdog = LagWatchdog(interval_s=0.05, stall_s=0.25, samples_max=2_000)
+    registry = CollectorRegistry()
+    Gauge(
+        "stowage_api_loop_lag_max_seconds",
+        "Largest event-loop lag of the API process over its recent samples",
+        registry=registry,
+    ).set_function(lambda: watchdog.lag_max_s)
+    Gauge(
+        "stowage_api_loop_lag_p99_seconds",
+        "99th percentile event-loop lag of the API process over its recent samples",
+        registry=registry,
+    ).set_function(lambda: watchdog.lag_p99_s)
+    stalls = Counter(
+        "stowage_api_loop_stalls", "Event-loop wake-ups late by 0.25 s or more", registry=registry
+    )
+    stalls.inc(0)
+    watchdog.on_stall = stalls.inc
+    app.state.api_registry = registry
+    return watchdog
+
+
 async def _metrics(request: Request) -> Response:
-    """Prometheus metrics of the agents this process runs."""
+    """Prometheus metrics of the API process and of the agents it runs."""
     from stowage.agent.metrics import CONTENT_TYPE_LATEST, render
 
+    parts = []
+    registry = getattr(request.app.state, "api_registry", None)
+    if registry is not None:
+        parts.append(render(registry))
     metrics = getattr(request.app.state, "metrics", None)
-    if metrics is None:
-        return Response(b"", media_type=CONTENT_TYPE_LATEST)
-    return Response(render(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    if metrics is not None:
+        parts.append(render(metrics.registry))
+    return Response(b"".join(parts), media_type=CONTENT_TYPE_LATEST)
 
 
 _STYLES: dict[str, ErrorStyle] = {
@@ -125,7 +164,12 @@ def production_app() -> ASGIApp:
 
     address, port = os.environ["STOWAGE_API_BASE"].rsplit(":", 1)
     config = CloudConfig(
-        state_dir=Path(os.environ["STOWAGE_API_STATE_DIR"]), hosts=0, host=address, port=int(port)
+        state_dir=Path(os.environ["STOWAGE_API_STATE_DIR"]),
+        hosts=0,
+        host=address,
+        port=int(port),
+        api_wait_s=float(os.environ.get("STOWAGE_API_WAIT", "0")),
+        max_instances_per_request=int(os.environ.get("STOWAGE_API_MAX_PER_REQUEST", "1000")),
     )
     cloud = open_cloud(config, db_url=os.environ["STOWAGE_API_DB"])
     return create_app(cloud, local_compute=False, bus_url=os.environ.get("STOWAGE_API_BUS"))
@@ -133,16 +177,21 @@ def production_app() -> ASGIApp:
 
 def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None = None) -> ASGIApp:
     """Every API; with `local_compute`, also one simulated agent per host and a conductor."""
+    services = {
+        "/identity": create_identity_app(cloud),
+        "/compute": create_compute_app(cloud),
+        "/image": create_image_app(cloud),
+        "/networking": create_network_app(cloud),
+        "/placement": create_placement_app(cloud),
+    }
+    for service in services.values():
+        run_off_loop(service)
     app = Starlette(
         lifespan=_lifespan,
         exception_handlers={HTTPException: _unrouted},
         routes=[
             Route("/metrics", _metrics),
-            Mount("/identity", app=create_identity_app(cloud)),
-            Mount("/compute", app=create_compute_app(cloud)),
-            Mount("/image", app=create_image_app(cloud)),
-            Mount("/networking", app=create_network_app(cloud)),
-            Mount("/placement", app=create_placement_app(cloud)),
+            *(Mount(prefix, app=service) for prefix, service in services.items()),
         ],
     )
     app.state.cloud = cloud

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -11,9 +14,16 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute, request_response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
+from stowage.domain.errors import (
+    ConflictError,
+    InvalidSpec,
+    NotFound,
+    QuotaExceeded,
+    StowageError,
+)
 
 __all__ = [
     "ApiError",
@@ -22,7 +32,9 @@ __all__ = [
     "install_common",
     "json_body",
     "loads",
+    "on_loop",
     "parse_limit",
+    "run_off_loop",
 ]
 
 
@@ -139,6 +151,7 @@ _DOMAIN_STATUS: list[tuple[type[StowageError], int]] = [
     (NotFound, 404),
     (ConflictError, 409),
     (InvalidSpec, 400),
+    (QuotaExceeded, 403),
 ]
 
 
@@ -241,3 +254,60 @@ async def json_body(request: Request, *, required: bool = True) -> Any:
         return loads(raw)
     except ValueError:
         raise ApiError(400, "Malformed request body: not valid JSON.") from None
+
+
+# -- handlers off the event loop ----------------------------------------------------------
+
+_THREAD = threading.local()
+Endpoint = Callable[..., Any]
+
+
+def on_loop(endpoint: Endpoint) -> Endpoint:
+    """Keep an endpoint on the event loop: it streams a request body, or awaits the bus."""
+    endpoint.__dict__["stowage_on_loop"] = True
+    return endpoint
+
+
+def run_off_loop(app: FastAPI) -> None:
+    """Run every coroutine endpoint of `app` in the thread pool, never on the event loop.
+
+    The handlers do synchronous database work (and password hashing); on the loop, one slow
+    request stalls every other (the busy-disk seed's class of bug, in the API). The body is
+    read on the loop first (it is I/O), then the handler runs in a worker thread on that
+    thread's own event loop, so its `await`s keep working. Endpoints marked `on_loop` stay.
+    """
+    for route in app.router.routes:
+        if not isinstance(route, APIRoute):
+            continue
+        call = route.dependant.call
+        if call is None or not inspect.iscoroutinefunction(call):
+            continue
+        if getattr(call, "stowage_on_loop", False):
+            continue
+        route.dependant.call = _in_worker_thread(call)
+        route.app = request_response(_body_first(route.get_route_handler()))
+
+
+def _in_worker_thread(endpoint: Endpoint) -> Endpoint:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return _thread_loop().run_until_complete(endpoint(*args, **kwargs))
+
+    return call
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    loop: asyncio.AbstractEventLoop | None = getattr(_THREAD, "loop", None)
+    if loop is None:
+        loop = asyncio.new_event_loop()
+        _THREAD.loop = loop
+    return loop
+
+
+def _body_first(
+    handler: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    async def read_then_handle(request: Request) -> Response:
+        await request.body()  # cached on the request, which the handler is given
+        return await handler(request)
+
+    return read_then_handle

@@ -13,10 +13,13 @@ __all__ = [
     "BusClosed",
     "BusError",
     "BusTimeout",
+    "Calls",
     "Handler",
     "RemoteError",
     "ReplyCache",
     "Transport",
+    "compute_topic",
+    "control_topic",
     "failure_envelope",
     "success_envelope",
     "unwrap",
@@ -51,6 +54,14 @@ class RemoteError(BusError):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message
+
+
+class Calls(Protocol):
+    """The part of a bus an API process needs: calls to an agent's topic."""
+
+    async def call(
+        self, topic: str, method: str, payload: Payload, *, op_id: str, timeout_s: float
+    ) -> Payload: ...
 
 
 class Transport(Protocol):
@@ -138,3 +149,13 @@ class ReplyCache:
             if not self._replies[oldest].done():
                 break  # never forget an operation still running
             del self._replies[oldest]
+
+
+def compute_topic(host: str) -> str:
+    """The topic a host's agent serves its operations on."""
+    return f"compute.{host}"
+
+
+def control_topic(host: str) -> str:
+    """The topic a host's agent serves its controls on (the simulated hypervisor's)."""
+    return f"control.{host}"

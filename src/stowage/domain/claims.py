@@ -28,6 +28,7 @@ class RefusalCode(StrEnum):
     CONSUMER_PLACED = "placement.consumer.already_placed"
     UNKNOWN_RESOURCE = "placement.resource.unknown"
     NO_VALID_HOST = "scheduler.no_valid_host"
+    CONSUMER_GONE = "placement.consumer.gone"  # what the claim was for was deleted or moved on
 
 
 @dataclass(frozen=True, slots=True)

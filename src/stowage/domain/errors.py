@@ -6,6 +6,7 @@ __all__ = [
     "ConflictError",
     "InvalidSpec",
     "NotFound",
+    "QuotaExceeded",
     "StowageError",
 ]
 
@@ -41,3 +42,9 @@ class ConflictError(StowageError):
     """A claim lost a race or broke an invariant the ledger enforces."""
 
     code = "claim.conflict"
+
+
+class QuotaExceeded(StowageError):
+    """A request that would take a project past one of its quotas (compute: 403)."""
+
+    code = "quota.exceeded"

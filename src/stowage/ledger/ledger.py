@@ -41,7 +41,7 @@ from stowage.ledger.schema import (
 )
 from stowage.scheduling.view import HostGroups, HostState, View
 
-__all__ = ["Ledger", "topology_from_json", "topology_to_json"]
+__all__ = ["ClaimRefused", "CommitClaim", "Ledger", "topology_from_json", "topology_to_json"]
 
 # How often a whole batch is retried after a deadlock or serialization failure.
 _BATCH_RETRIES_MAX = 5
@@ -54,6 +54,19 @@ class _Refusal(Exception):
         super().__init__(reason)
         self.code = code
         self.reason = reason
+
+
+class ClaimRefused(_Refusal):
+    """Raised by a claim's `also` callback: what the claim was for is gone or has moved on
+    (a deleted instance, a migration someone else settled), so the claim must not commit."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(RefusalCode.CONSUMER_GONE, reason)
+
+
+CommitClaim = Callable[[Connection, Claim], None]
+"""Runs inside the transaction (or savepoint) that commits one claim: the documents and the
+next step of the use case the claim serves commit with it, or neither does."""
 
 
 class Ledger:
@@ -229,8 +242,13 @@ class Ledger:
             raise NotFound(f"host {name!r} not found")
         return int(found)
 
-    def create_group(self, group: ServerGroup) -> None:
+    def create_group(
+        self, group: ServerGroup, *, also: Callable[[Connection], None] | None = None
+    ) -> None:
+        """A new server group; `also` runs first in the same transaction (its quota)."""
         with self.engine.begin() as conn:
+            if also is not None:
+                also(conn)
             conn.execute(
                 insert(server_groups),
                 {
@@ -255,12 +273,22 @@ class Ledger:
 
     # -- claims -----------------------------------------------------------------------
 
-    def claim(self, batch: Sequence[Claim], *, writer: str | None = None) -> list[ClaimOutcome]:
+    def claim(
+        self,
+        batch: Sequence[Claim],
+        *,
+        writer: str | None = None,
+        also: CommitClaim | None = None,
+        atomic: bool = False,
+    ) -> list[ClaimOutcome]:
         """Commit a batch of claims, sharing one commit; each claim stays all or nothing.
 
         The whole batch is tried at once. If the database refuses any part of it, the
         transaction is rolled back and the claims are replayed one savepoint each, so the
-        good ones still commit together and each refused one says why.
+        good ones still commit together and each refused one says why. `also` runs for each
+        claim in the same transaction (in its savepoint on replay): raising ClaimRefused
+        there refuses that claim. With `atomic`, there is no replay: the batch commits whole
+        or every claim is refused with the first refusal's reason.
         """
         if not batch:
             return []
@@ -269,21 +297,33 @@ class Ledger:
                 with self.engine.begin() as conn:
                     self._lock_hosts(conn, {c.host_id for c in batch}, writer)
                     self._write_claims(conn, batch)
+                    if also is not None:
+                        for claim in batch:
+                            also(conn, claim)
                 return [ClaimOutcome(c.consumer_id, c.host_id, True) for c in batch]
-            except (IntegrityError, _Refusal):
+            except _Refusal as refusal:
+                if atomic:
+                    return [_refused(c, refusal.code, refusal.reason) for c in batch]
+                break
+            except IntegrityError as exc:
+                if atomic:
+                    code, reason = _explain(exc, batch[0])
+                    return [_refused(c, code, reason) for c in batch]
                 break
             except OperationalError as exc:
                 if not _retryable(exc) or attempt == _BATCH_RETRIES_MAX - 1:
                     raise
         for attempt in range(_BATCH_RETRIES_MAX):
             try:
-                return self._claim_one_by_one(batch, writer)
+                return self._claim_one_by_one(batch, writer, also)
             except OperationalError as exc:
                 if not _retryable(exc) or attempt == _BATCH_RETRIES_MAX - 1:
                     raise
         raise AssertionError("unreachable")
 
-    def _claim_one_by_one(self, batch: Sequence[Claim], writer: str | None) -> list[ClaimOutcome]:
+    def _claim_one_by_one(
+        self, batch: Sequence[Claim], writer: str | None, also: CommitClaim | None
+    ) -> list[ClaimOutcome]:
         outcomes: list[ClaimOutcome] = []
         with self.engine.begin() as conn:
             wanted = {c.host_id for c in batch}
@@ -293,10 +333,8 @@ class Ledger:
             for claim in batch:
                 if claim.host_id not in known:
                     outcomes.append(
-                        ClaimOutcome(
-                            claim.consumer_id,
-                            claim.host_id,
-                            False,
+                        _refused(
+                            claim,
                             RefusalCode.UNKNOWN_RESOURCE,
                             f"host {claim.host_id} is not in the ledger",
                         )
@@ -305,18 +343,14 @@ class Ledger:
                 try:
                     with conn.begin_nested():
                         self._write_claims(conn, [claim])
+                        if also is not None:
+                            also(conn, claim)
                     outcomes.append(ClaimOutcome(claim.consumer_id, claim.host_id, True))
                 except _Refusal as refusal:
-                    outcomes.append(
-                        ClaimOutcome(
-                            claim.consumer_id, claim.host_id, False, refusal.code, refusal.reason
-                        )
-                    )
+                    outcomes.append(_refused(claim, refusal.code, refusal.reason))
                 except IntegrityError as exc:
                     code, reason = _explain(exc, claim)
-                    outcomes.append(
-                        ClaimOutcome(claim.consumer_id, claim.host_id, False, code, reason)
-                    )
+                    outcomes.append(_refused(claim, code, reason))
         return outcomes
 
     def _lock_hosts(
@@ -879,6 +913,10 @@ def _pins_with_withheld(pinned: Any, withheld: frozenset[int]) -> Iterable[tuple
         yield cpu, vcpu
     for cpu in withheld:
         yield cpu, None
+
+
+def _refused(claim: Claim, code: RefusalCode, reason: str) -> ClaimOutcome:
+    return ClaimOutcome(claim.consumer_id, claim.host_id, False, code, reason)
 
 
 def _then(result: bool, also: Callable[[Connection], None] | None, conn: Connection) -> bool:

@@ -45,23 +45,36 @@ class ObjectStore:
         project_id: str | None = None,
         name: str | None = None,
     ) -> Document:
-        now = self.clock()
         try:
             with self.engine.begin() as conn:
-                conn.execute(
-                    insert(objects),
-                    {
-                        "kind": kind,
-                        "id": id,
-                        "project_id": project_id,
-                        "name": name,
-                        "created_at": now,
-                        "updated_at": now,
-                        "body": json.dumps(dict(body), sort_keys=True),
-                    },
-                )
+                return self.create_in(conn, kind, id, body, project_id=project_id, name=name)
         except IntegrityError:
             raise ConflictError(f"{kind} {id} already exists") from None
+
+    def create_in(
+        self,
+        conn: Connection,
+        kind: str,
+        id: str,
+        body: Mapping[str, Any],
+        *,
+        project_id: str | None = None,
+        name: str | None = None,
+    ) -> Document:
+        """`create` inside a transaction the caller holds (an existing id fails the commit)."""
+        now = self.clock()
+        conn.execute(
+            insert(objects),
+            {
+                "kind": kind,
+                "id": id,
+                "project_id": project_id,
+                "name": name,
+                "created_at": now,
+                "updated_at": now,
+                "body": json.dumps(dict(body), sort_keys=True),
+            },
+        )
         return Document(kind, id, project_id, name, now, now, dict(body))
 
     def put(
@@ -182,6 +195,13 @@ class ObjectStore:
         return bool(
             conn.execute(delete(objects).where(objects.c.kind == kind, objects.c.id == id)).rowcount
         )
+
+    def find_in(self, conn: Connection, kind: str, id: str) -> Document | None:
+        """`find` inside a transaction the caller holds (its own writes are seen)."""
+        row = conn.execute(
+            select(objects).where(objects.c.kind == kind, objects.c.id == id)
+        ).first()
+        return None if row is None else _doc(row)
 
     def find(self, kind: str, id: str) -> Document | None:
         with self.engine.connect().execution_options(**READONLY) as conn:

@@ -221,6 +221,11 @@ class Operations:
                 .values(owner=None, lease_until=None)
             ).rowcount
 
+    def find_in(self, conn: Connection, op_id: str) -> Operation | None:
+        """`find` inside a transaction the caller holds."""
+        row = conn.execute(select(operations).where(operations.c.id == op_id)).first()
+        return None if row is None else _row(row)
+
     def find(self, op_id: str) -> Operation | None:
         with self.engine.connect().execution_options(**READONLY) as conn:
             row = conn.execute(select(operations).where(operations.c.id == op_id)).first()
@@ -247,9 +252,15 @@ class Operations:
         return [_row(r) for r in rows]
 
     def wait_instances(self, instance_ids: Sequence[str], timeout_s: float) -> bool:
-        """Block until the instances' current operations are finished (or `timeout_s`)."""
-        op_ids = [op.id for i in instance_ids for op in self.active(instance_id=i)]
-        return self.wait(op_ids, timeout_s)
+        """Block until the instances have no unfinished operation (or `timeout_s`), including
+        those their operations start on the way (a build's schedule, then its spawn)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            op_ids = [op.id for i in instance_ids for op in self.active(instance_id=i)]
+            if not op_ids:
+                return True
+            if not self.wait(op_ids, max(0.0, deadline - time.monotonic())):
+                return False
 
     def wait(self, op_ids: Sequence[str], timeout_s: float, *, poll_s: float = 0.02) -> bool:
         """Block until every operation is finished or `timeout_s` passed; True when finished."""

@@ -9,8 +9,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from stowage.bus.base import Calls
 from stowage.domain.errors import NotFound
 from stowage.domain.topology import HostSpec, HostTopology
 from stowage.ledger.ledger import Ledger
@@ -52,12 +52,13 @@ class CloudConfig:
     service_down_time_s: float = 60.0
     heartbeat_interval_s: float = 10.0
     topology: list[HostSpec] = field(default_factory=list)
-    api_wait_s: float = 5.0  # how long an API request waits for its operation to finish
+    api_wait_s: float = 0.0  # how long an action's answer waits for its operation (0: Nova's)
     op_timeout_s: float = 10.0  # one agent call; past it the outcome is unknown
     live_migration_s: float = 0.0  # the simulated memory copy of a live migration
     resize_confirm_window_s: float = 0.0  # 0: resizes wait for an explicit confirm
     sim_step_s: float = 0.0  # latency of every simulated hypervisor step
     max_concurrent_disk_ops: int = 2  # per agent, like Nova's option of the same name
+    max_instances_per_request: int = 1000  # a create's max_count is cut to this, like a quota
 
     @property
     def base_url(self) -> str:
@@ -81,8 +82,8 @@ class Cloud:
         self.operations = Operations(ledger.engine, clock=clock)
         # Set by a running conductor: look for new work now rather than at the next poll.
         self.kick: Callable[[], None] = lambda: None
-        # The bus to the agents (a Transport), where this process has one.
-        self.bus: Any = None
+        # The bus to the agents, where this process has one.
+        self.bus: Calls | None = None
 
     # -- identity lookups -------------------------------------------------------------
 

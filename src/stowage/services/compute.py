@@ -10,23 +10,28 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
+from stowage.domain.claims import RefusalCode
 from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
 from stowage.domain.flavor import Flavor, InstanceShape, shape_of
 from stowage.ledger.db import READONLY
+from stowage.ledger.ledger import ClaimRefused
+from stowage.ledger.operations import Operation
 from stowage.ledger.schema import consumers, hosts, numa_claims, pins
 from stowage.scheduling.framework import Request
-from stowage.services import networks
+from stowage.services import networks, quotas
 from stowage.services.cloud import Cloud
 
 __all__ = [
     "BuildRequest",
     "InstanceState",
+    "allocate_ports",
     "build_servers",
     "delete_server",
     "instance_topology",
     "power_action",
     "rebuild_server",
     "record_action",
+    "schedule_builds",
     "snapshot_server",
     "take_instance",
 ]
@@ -110,37 +115,40 @@ def record_action(
     *,
     result: str = "Success",
     message: str | None = None,
+    conn: Connection | None = None,
 ) -> None:
-    """An instance action with one event, as `openstack server event list` shows them."""
+    """An instance action with one event, as `openstack server event list` shows them;
+    inside `conn`'s transaction when given."""
     now = time.time()
-    cloud.objects.create(
-        "instance_action",
-        request_id + ":" + instance_id,
-        {
-            "action": action,
-            "instance_uuid": instance_id,
-            "request_id": request_id,
-            "user_id": ctx_user,
-            "project_id": ctx_project,
-            "start_time": now,
-            "updated_at": now,
-            "message": message,
-            "events": [
-                {
-                    "event": f"compute_{action.replace('-', '_')}",
-                    "start_time": now,
-                    "finish_time": now,
-                    "result": result,
-                    "traceback": None,
-                    "host": None,
-                    "hostId": None,
-                    "details": message,
-                }
-            ],
-        },
-        project_id=instance_id,
-        name=action,
-    )
+    body = {
+        "action": action,
+        "instance_uuid": instance_id,
+        "request_id": request_id,
+        "user_id": ctx_user,
+        "project_id": ctx_project,
+        "start_time": now,
+        "updated_at": now,
+        "message": message,
+        "events": [
+            {
+                "event": f"compute_{action.replace('-', '_')}",
+                "start_time": now,
+                "finish_time": now,
+                "result": result,
+                "traceback": None,
+                "host": None,
+                "hostId": None,
+                "details": message,
+            }
+        ],
+    }
+    key = request_id + ":" + instance_id
+    if conn is not None:
+        cloud.objects.create_in(
+            conn, "instance_action", key, body, project_id=instance_id, name=action
+        )
+    else:
+        cloud.objects.create("instance_action", key, body, project_id=instance_id, name=action)
 
 
 def shape_of_flavor(flavor: Mapping[str, Any]) -> InstanceShape:
@@ -172,135 +180,254 @@ def _host_ids_of(cloud: Cloud, instance_ids: Sequence[str]) -> frozenset[int]:
 
 
 def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[dict[str, Any]]:
-    """Create the instances, plan them together, commit their claims, and start them.
+    """POST /servers as one unit of work: the quota, the instances (BUILD, scheduling), their
+    create actions and the operation that schedules them commit together, or nothing does.
 
-    Instances that cannot be placed go to ERROR with a fault that says why, as Nova's do.
+    The conductor owns the rest (services/conductor.py): it plans the request set as one
+    plan, commits each claim with the instance's host and its next step, and marks what
+    cannot be placed ERROR with a fault that says why, as Nova does. `max_count` is cut to
+    what the quotas allow, down to `min_count` (QuotaExceeded below that).
     """
-    flavor = build.flavor
-    shape = shape_of_flavor(flavor)
-    same = _host_ids_of(cloud, build.same_host)
-    if build.same_host and not same:
+    shape_of_flavor(build.flavor)  # an unusable flavor is a 400 before anything exists
+    if build.same_host and not _host_ids_of(cloud, build.same_host):
         raise InvalidSpec("same_host: none of the named instances has a host")
-    different = _host_ids_of(cloud, build.different_host)
     if build.group_id is not None:
         cloud.ledger.get_group(build.group_id)  # a missing group is a 404 before anything exists
-    count = build.max_count
     reservation = "r-" + uuid.uuid4().hex[:8]
     docs: list[dict[str, Any]] = []
-    requests: list[Request] = []
-    for index in range(count):
-        instance_id = str(uuid.uuid4())
-        name = build.name if count == 1 else f"{build.name}-{index + 1}"
-        body = {
-            "id": instance_id,
-            "name": name,
-            "project_id": build.project_id,
-            "user_id": build.user_id,
-            "flavor": flavor,
-            "image_id": build.image_id,
-            "status": BUILD.status,
-            "vm_state": BUILD.vm_state,
-            "task_state": "scheduling",
-            "power_state": BUILD.power_state,
-            "host": None,
-            "availability_zone": build.availability_zone,
-            "metadata": build.metadata,
-            "key_name": build.key_name,
-            "description": build.description,
-            "security_groups": build.security_groups,
-            "addresses": {},
-            "launched_at": None,
-            "fault": None,
-            "locked": False,
-            "locked_reason": None,
-            "tags": build.tags,
-            "group_id": build.group_id,
-            "hints": build.hints,
-            "reservation_id": reservation,
-            "launch_index": index,
-            "networks": build.networks,
-        }
-        cloud.objects.create("instance", instance_id, body, project_id=build.project_id, name=name)
-        docs.append(body)
-        requests.append(
-            Request(
-                consumer_id=instance_id,
-                instance_id=instance_id,
-                shape=shape,
-                project_id=build.project_id,
-                user_id=build.user_id,
-                group_id=build.group_id,
-                availability_zone=build.availability_zone,
-                force_host=build.force_host,
-                same_host=same,
-                different_host=different,
-                image_properties=build.image_properties,
-                extra_specs=dict(flavor.get("extra_specs") or {}),
-            )
-        )
-    with cloud.schedule_lock:
-        placements = cloud.scheduler.schedule(requests, min_count=build.min_count)
-    names = _host_names(cloud)
-    for body, placement in zip(docs, placements, strict=True):
-        if placement.claim is None:
-            _set_state(body, ERROR, task_state=None)
-            body["fault"] = {
-                "code": 500,
-                "message": placement.reason or "No valid host was found.",
-                "created": time.time(),
-                "details": placement.code.value if placement.code else "",
-            }
-        else:
-            body["host"] = names.get(placement.claim.host_id)
-            try:
-                body["addresses"] = _allocate_addresses(cloud, body, is_admin=build.is_admin)
-            except StowageError as exc:
-                # No half-built server: without its ports it holds no claim either.
-                networks.release_ports(cloud, body["id"])
-                cloud.ledger.release(body["id"], forget=False)
-                body["host"] = None
-                _set_state(body, ERROR, task_state=None)
-                body["fault"] = {
-                    "code": 500,
-                    "message": f"Build of instance {body['id']} aborted: {exc}",
-                    "created": time.time(),
-                    "details": exc.code,
-                }
-            else:
-                # The claim is committed; the host's agent spawns it (the conductor drives it).
-                _set_state(body, BUILD, task_state="spawning")
-        with cloud.ledger.engine.begin() as conn:
-            cloud.objects.update_in(conn, "instance", body["id"], body)
-            if body["status"] == BUILD.status:
-                cloud.operations.enqueue(
-                    "build",
-                    body["id"],
-                    body["host"],
-                    step="spawn",
-                    payload={"request_id": request_id},
-                    conn=conn,
-                )
-        record_action(
+    with cloud.ledger.engine.begin() as conn:
+        count = quotas.reserve_instances(
             cloud,
-            body["id"],
-            "create",
-            build.user_id,
-            build.project_id,
-            request_id,
-            result="Error" if body["status"] == ERROR.status else "Success",
-            message=body["fault"]["message"] if body.get("fault") else None,
+            conn,
+            project_id=build.project_id,
+            user_id=build.user_id,
+            flavor=build.flavor,
+            min_count=build.min_count,
+            max_count=build.max_count,
+            group_id=build.group_id,
+        )
+        for index in range(count):
+            body = _new_instance(build, reservation, index, count)
+            cloud.objects.create_in(
+                conn, "instance", body["id"], body, project_id=build.project_id, name=body["name"]
+            )
+            record_action(
+                cloud, body["id"], "create", build.user_id, build.project_id, request_id, conn=conn
+            )
+            docs.append(body)
+        cloud.operations.enqueue(
+            "build",
+            docs[0]["id"],
+            "",
+            step="schedule",
+            payload={
+                "instances": [d["id"] for d in docs],
+                "min_count": min(build.min_count, count),
+                "request_id": request_id,
+                "force_host": build.force_host,
+                "same_host": build.same_host,
+                "different_host": build.different_host,
+                "image_properties": build.image_properties,
+                "is_admin": build.is_admin,
+            },
+            conn=conn,
         )
     cloud.kick()
     return docs
 
 
-def _allocate_addresses(cloud: Cloud, body: dict[str, Any], *, is_admin: bool) -> dict[str, Any]:
-    """Ports for the server's NICs (new ones on networks, or given ports), then its addresses."""
-    from stowage.services import networks
+def _new_instance(build: BuildRequest, reservation: str, index: int, count: int) -> dict[str, Any]:
+    instance_id = str(uuid.uuid4())
+    return {
+        "id": instance_id,
+        "name": build.name if count == 1 else f"{build.name}-{index + 1}",
+        "project_id": build.project_id,
+        "user_id": build.user_id,
+        "flavor": build.flavor,
+        "image_id": build.image_id,
+        "status": BUILD.status,
+        "vm_state": BUILD.vm_state,
+        "task_state": "scheduling",
+        "power_state": BUILD.power_state,
+        "host": None,
+        "availability_zone": build.availability_zone,
+        "metadata": build.metadata,
+        "key_name": build.key_name,
+        "description": build.description,
+        "security_groups": build.security_groups,
+        "addresses": {},
+        "launched_at": None,
+        "fault": None,
+        "locked": False,
+        "locked_reason": None,
+        "tags": build.tags,
+        "group_id": build.group_id,
+        "hints": build.hints,
+        "reservation_id": reservation,
+        "launch_index": index,
+        "networks": build.networks,
+    }
 
+
+def schedule_builds(cloud: Cloud, ops: Sequence[Operation]) -> None:
+    """The conductor's `schedule` step of build operations, planned together as one plan.
+
+    Each claim commits with its instance's host, task state and next operation (ports, then
+    spawn), and only while the instance still waits to be scheduled: a deleted one refuses
+    its claim. Safe to repeat after a crash: instances already placed are skipped.
+    """
+    names = _host_names(cloud)
+    free: list[tuple[Operation, list[Request]]] = []
+    for op in ops:
+        requests = _waiting_requests(cloud, op)
+        if int(op.payload.get("min_count", 1)) > 1:
+            _place(cloud, op, requests, names, min_count=int(op.payload["min_count"]))
+        else:
+            free.append((op, requests))
+    # Requests of several creates (min_count 1) share one plan and one claim commit.
+    _place(cloud, None, [r for _, rs in free for r in rs], names, min_count=None)
+    for op, _ in free:
+        _finish_schedule(cloud, op)
+
+
+def _waiting_requests(cloud: Cloud, op: Operation) -> list[Request]:
+    """Scheduler requests for the op's instances that still wait to be placed."""
+    payload = op.payload
+    same = _host_ids_of(cloud, payload.get("same_host") or [])
+    different = _host_ids_of(cloud, payload.get("different_host") or [])
+    out = []
+    for instance_id in payload.get("instances") or [op.instance_id]:
+        doc = cloud.objects.find("instance", instance_id)
+        if doc is None or doc.body.get("task_state") != "scheduling":
+            continue
+        body = doc.body
+        flavor = body["flavor"]
+        out.append(
+            Request(
+                consumer_id=instance_id,
+                instance_id=instance_id,
+                shape=shape_of_flavor(flavor),
+                project_id=body["project_id"],
+                user_id=body["user_id"],
+                group_id=body.get("group_id"),
+                availability_zone=body.get("availability_zone"),
+                force_host=payload.get("force_host"),
+                same_host=same,
+                different_host=different,
+                image_properties=dict(payload.get("image_properties") or {}),
+                extra_specs=dict(flavor.get("extra_specs") or {}),
+            )
+        )
+    return out
+
+
+def _place(
+    cloud: Cloud,
+    op: Operation | None,
+    requests: list[Request],
+    names: Mapping[int, str],
+    *,
+    min_count: int | None,
+) -> None:
+    if not requests:
+        if op is not None:
+            _finish_schedule(cloud, op)
+        return
+
+    def placed(conn: Connection, claim: Any) -> None:
+        # The claim commits with the instance's host and its next step, or not at all.
+        doc = cloud.objects.find_in(conn, "instance", claim.instance_id)
+        if doc is None or doc.body.get("task_state") != "scheduling":
+            raise ClaimRefused(f"instance {claim.instance_id} no longer waits to be scheduled")
+        body = dict(doc.body)
+        host = names.get(claim.host_id) or _host_names(cloud)[claim.host_id]
+        body["host"] = host
+        wants_ports = isinstance(body.get("networks"), list) and bool(body["networks"])
+        body["task_state"] = "networking" if wants_ports else "spawning"
+        if not cloud.objects.swap_in(conn, "instance", claim.instance_id, doc.body, body):
+            raise ClaimRefused(f"instance {claim.instance_id} changed while it was scheduled")
+        cloud.operations.enqueue(
+            "build",
+            claim.instance_id,
+            host,
+            step="ports" if wants_ports else "spawn",
+            payload={"request_id": _request_id(cloud, claim.instance_id)},
+            conn=conn,
+        )
+
+    with cloud.schedule_lock:
+        placements = cloud.scheduler.schedule(requests, min_count=min_count, also=placed)
+    for placement in placements:
+        if placement.claim is None and placement.code is not RefusalCode.CONSUMER_GONE:
+            _build_failed(
+                cloud,
+                placement.request.instance_id,
+                placement.reason or "No valid host was found.",
+                placement.code.value if placement.code else "",
+            )
+    if op is not None:
+        _finish_schedule(cloud, op)
+
+
+def _request_id(cloud: Cloud, instance_id: str) -> str:
+    for doc in cloud.objects.list("instance_action", project_id=instance_id):
+        if doc.name == "create":
+            return str(doc.body.get("request_id") or "")
+    return ""
+
+
+def _build_failed(cloud: Cloud, instance_id: str, message: str, details: str) -> None:
+    """An instance that found no place: ERROR with a fault, holding nothing (one commit)."""
+    with cloud.ledger.engine.begin() as conn:
+        doc = cloud.objects.find_in(conn, "instance", instance_id)
+        if doc is None or doc.body.get("task_state") != "scheduling":
+            return
+        body = dict(doc.body)
+        _set_state(body, ERROR, task_state=None)
+        body["fault"] = {
+            "code": 500,
+            "message": message,
+            "created": time.time(),
+            "details": details,
+        }
+        cloud.objects.swap_in(conn, "instance", instance_id, doc.body, body)
+        action = cloud.objects.find_in(
+            conn, "instance_action", f"{_request_id(cloud, instance_id)}:{instance_id}"
+        )
+        if action is not None:
+            record = dict(action.body)
+            record["message"] = message
+            record["events"] = [
+                {**e, "result": "Error", "details": message} for e in record.get("events", [])
+            ]
+            cloud.objects.update_in(conn, "instance_action", action.id, record)
+
+
+def _finish_schedule(cloud: Cloud, op: Operation) -> None:
+    with cloud.ledger.engine.begin() as conn:
+        cloud.operations.advance(conn, op.id, state="done")
+
+
+def allocate_ports(cloud: Cloud, instance_id: str, *, is_admin: bool = True) -> dict[str, Any]:
+    """The conductor's `ports` step: one port per NIC the server asked for, then its
+    addresses. Safe to repeat: a NIC that already has its port is not given another."""
+    doc = cloud.objects.get("instance", instance_id)
+    return _allocate_addresses(cloud, dict(doc.body), is_admin=is_admin)
+
+
+def _allocate_addresses(cloud: Cloud, body: dict[str, Any], *, is_admin: bool) -> dict[str, Any]:
+    """Ports for the server's NICs (new ones on networks, or given ports), then its addresses.
+
+    Repeatable: the k-th NIC on a network is made only if the server has fewer than k ports
+    there already (a step that crashed after making some ports makes only the rest).
+    """
     wanted = body.get("networks")
     if not isinstance(wanted, list):
         return {}  # "auto" or "none": no network is asked for by id
+    have: dict[str, int] = {}
+    for port in networks.ports_of(cloud, body["id"]):
+        have[port["network_id"]] = have.get(port["network_id"], 0) + 1
+    asked: dict[str, int] = {}
     for nic in wanted:
         if not isinstance(nic, dict):
             continue
@@ -314,6 +441,9 @@ def _allocate_addresses(cloud: Cloud, body: dict[str, Any], *, is_admin: bool) -
                 host=body.get("host"),
             )
         elif nic.get("uuid"):
+            asked[nic["uuid"]] = asked.get(nic["uuid"], 0) + 1
+            if have.get(nic["uuid"], 0) >= asked[nic["uuid"]]:
+                continue
             networks.allocate_port(
                 cloud,
                 nic["uuid"],

@@ -44,7 +44,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from stowage.bus.base import BusError, RemoteError, Transport
+from stowage.bus.base import BusError, RemoteError, Transport, compute_topic
 from stowage.domain.errors import NotFound
 from stowage.domain.topology import ResourceClass
 from stowage.ledger.db import READONLY
@@ -207,6 +207,13 @@ class Conductor:
             )
         )
         blocked = await asyncio.to_thread(self._hosts_with_cleanups)
+        # Scheduling steps talk to no agent: the due ones are planned together, in one task.
+        planning = [op for op in leased if op.step == "schedule" and op.id not in self._active]
+        if planning:
+            task = asyncio.create_task(self._schedule(planning), name="schedule")
+            for op in planning:
+                self._active[op.id] = task
+            task.add_done_callback(self._forget_task)
         for op in leased:
             if op.id in self._active:
                 continue
@@ -293,8 +300,6 @@ class Conductor:
         self, op: Operation, method: str, payload: dict[str, Any], *, suffix: str = ""
     ) -> Reply:
         """The agent's answer to this step; `_Wait` when there is none in time."""
-        from stowage.agent.server import compute_topic
-
         try:
             reply = await self.bus.call(
                 compute_topic(op.host),
@@ -314,6 +319,71 @@ class Conductor:
         await handler(op)
 
     # -- steps ---------------------------------------------------------------------------
+
+    async def _schedule(self, ops: list[Operation]) -> None:
+        """The `schedule` step of creates and moves: one plan, each claim committed with
+        its next step (services/compute.py schedule_builds, services/migrations.py
+        schedule_moves). The moves' next steps are this conductor's to lease again."""
+        from stowage.services.compute import schedule_builds
+        from stowage.services.migrations import schedule_moves
+
+        builds = [op for op in ops if op.kind == "build"]
+        moves = [op for op in ops if op.kind in MOVE_KINDS]
+        try:
+            await asyncio.to_thread(schedule_builds, self.cloud, builds)
+            await asyncio.to_thread(schedule_moves, self.cloud, moves)
+        except Exception:
+            log.exception("scheduling %d operation(s) failed in the conductor", len(ops))
+            for op in ops:
+                await asyncio.to_thread(self._retry_later, op, "conductor error")
+            return
+        for op in moves:
+            await asyncio.to_thread(self.ops.let_go, self.owner, op.id)
+        self.kick()
+
+    async def _step_ports(self, op: Operation) -> None:
+        """A placed build's NICs: ports and addresses, then the spawn on its host."""
+        await asyncio.to_thread(self._ports, op)
+
+    def _ports(self, op: Operation) -> None:
+        from stowage.domain.errors import StowageError
+        from stowage.services import networks
+        from stowage.services.compute import allocate_ports
+
+        cloud = self.cloud
+        try:
+            addresses = allocate_ports(cloud, op.instance_id)
+        except NotFound:
+            raise
+        except StowageError as exc:
+            # No half-built server: without its ports it holds no claim either.
+            doc = cloud.objects.get("instance", op.instance_id)
+            body = dict(doc.body)
+            message = f"Build of instance {op.instance_id} aborted: {exc}"
+            body.update(status="ERROR", vm_state="error", power_state=0, task_state=None)
+            body["host"] = None
+            body["fault"] = {
+                "code": 500,
+                "message": message,
+                "created": cloud.clock(),
+                "details": exc.code,
+            }
+
+            def write(conn: Connection) -> None:
+                cloud.objects.update_in(conn, "instance", op.instance_id, body)
+                self.ops.advance(conn, op.id, state="failed", result={"error": message})
+
+            cloud.ledger.release(op.instance_id, forget=False, also=write)
+            networks.release_ports(cloud, op.instance_id)
+            _event(cloud, op, body, "Error", message)
+            return
+        doc = cloud.objects.get("instance", op.instance_id)
+        body = dict(doc.body)
+        body.update(addresses=addresses, task_state="spawning")
+        with cloud.ledger.engine.begin() as conn:
+            if not cloud.objects.swap_in(conn, "instance", op.instance_id, doc.body, body):
+                raise _Wait(f"instance {op.instance_id} changed while its ports were made")
+            self.ops.advance(conn, op.id, step="spawn")
 
     async def _step_spawn(self, op: Operation) -> None:
         claim = await asyncio.to_thread(claim_of, self.cloud, op.instance_id)

@@ -19,20 +19,21 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, select
 
 from stowage.domain.claims import ConsumerKind
-from stowage.domain.errors import ConflictError, InvalidSpec, NotFound
+from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
 from stowage.ledger.db import READONLY
+from stowage.ledger.ledger import ClaimRefused
+from stowage.ledger.operations import Operation
 from stowage.ledger.schema import hosts
 from stowage.scheduling.framework import Request
 from stowage.services.cloud import Cloud
-from stowage.services.compute import shape_of_flavor, take_instance
-from stowage.services.scheduler import Placement
+from stowage.services.compute import record_action, shape_of_flavor, take_instance
 
 __all__ = [
     "MoveResult",
@@ -42,7 +43,9 @@ __all__ = [
     "force_complete_live_migration",
     "move",
     "outcome",
+    "planned",
     "revert_resize",
+    "schedule_moves",
 ]
 
 # migration_type -> (instance status while moving, task_state)
@@ -90,15 +93,6 @@ def _number(cloud: Cloud) -> int:
     return cloud.objects.next_number("migration", first)
 
 
-@dataclass(slots=True)
-class _Started:
-    migration_id: str
-    record: dict[str, Any]
-    instance_id: str
-    flavor: dict[str, Any]
-    request: Request
-
-
 def _start(
     cloud: Cloud,
     instance_id: str,
@@ -108,8 +102,14 @@ def _start(
     project_id: str,
     dest: str | None,
     new_flavor: dict[str, Any] | None,
-) -> _Started:
-    """Check the source, record the migration, mark the instance moving; claim nothing yet."""
+    request_id: str,
+    number: int,
+    conn: Connection,
+) -> tuple[str, str]:
+    """Check the source, then inside `conn`: mark the instance moving (compare-and-swap: one
+    request wins), record the migration and its instance action, and hand the move to the
+    conductor (an operation at its `schedule` step). Returns the migration's id and status.
+    Claims nothing: the conductor plans the destination (schedule_moves)."""
     doc = cloud.objects.get("instance", instance_id)
     body = dict(doc.body)
     source = body.get("host")
@@ -122,13 +122,13 @@ def _start(
     if migration_type == "evacuation" and not source_up:
         # What waits for the dead source is superseded: the evacuation cleans it up there.
         stale = [op for op in pending if op.host == source and op.kind in _SUPERSEDED]
-        with cloud.ledger.engine.begin() as conn:
-            for op in stale:
-                cloud.operations.advance(
-                    conn, op.id, state="failed", result={"error": "superseded by evacuation"}
-                )
+        for op in stale:
+            cloud.operations.advance(
+                conn, op.id, state="failed", result={"error": "superseded by evacuation"}
+            )
         pending = [op for op in pending if op not in stale]
-        body["task_state"] = None
+        if stale:
+            body["task_state"] = None
     if body.get("task_state") is not None or pending:
         raise ConflictError(
             f"Cannot '{migration_type}' instance {instance_id} while it is in task_state "
@@ -158,11 +158,12 @@ def _start(
             raise InvalidSpec(f"The target host {dest} is the instance's current host.")
     flavor = new_flavor or body["flavor"]
     migration_id = str(uuid.uuid4())
+    status = _FIRST_STATUS[migration_type]
     record = {
-        "number": _number(cloud),
+        "number": number,
         "instance_uuid": instance_id,
         "migration_type": migration_type,
-        "status": "pre-migrating",
+        "status": status,
         "source_compute": source,
         "dest_compute": dest,
         "dest_host": dest,
@@ -172,26 +173,25 @@ def _start(
         "user_id": user_id,
         "project_id": project_id,
         "old_vm_state": body.get("vm_state"),
+        "request_id": request_id,
     }
     moving_status, task = _MOVING[migration_type]
     body.update(status=moving_status, task_state=task)
-    # Whoever marks the instance moving first owns the move; a concurrent request is refused.
-    with cloud.ledger.engine.begin() as conn:
-        take_instance(cloud, conn, instance_id, doc.body, body, migration_type)
-    cloud.objects.create("migration", migration_id, record, project_id=project_id)
-    request = Request(
-        consumer_id=migration_id,
-        instance_id=instance_id,
-        shape=shape_of_flavor(flavor),
-        kind=ConsumerKind.MIGRATION,
-        project_id=body["project_id"],
-        user_id=body["user_id"],
-        group_id=body.get("group_id"),
-        force_host=dest,
-        ignore_hosts=frozenset({cloud.ledger.host_id(source)}),
-        extra_specs=dict(flavor.get("extra_specs") or {}),
+    take_instance(cloud, conn, instance_id, doc.body, body, migration_type)
+    cloud.objects.create_in(conn, "migration", migration_id, record, project_id=project_id)
+    record_action(
+        cloud, instance_id, _ACTION[migration_type], user_id, project_id, request_id, conn=conn
     )
-    return _Started(migration_id, record, instance_id, flavor, request)
+    cloud.operations.enqueue(
+        migration_type,
+        instance_id,
+        "",
+        step="schedule",
+        payload={"request_id": request_id},
+        migration_id=migration_id,
+        conn=conn,
+    )
+    return migration_id, status
 
 
 ENDED = frozenset({"completed", "confirmed", "reverted", "failed", "cancelled", "done"})
@@ -199,31 +199,82 @@ ENDED = frozenset({"completed", "confirmed", "reverted", "failed", "cancelled", 
 # A finished resize (VERIFY_RESIZE) still holds both ends, but waits on its own action.
 _SETTLED = ENDED | {"finished"}
 _SUPERSEDED = frozenset({"build", "power", "rebuild", "snapshot"})
+# The status a move is recorded with while its destination is being planned (Nova's).
+_FIRST_STATUS = {
+    "evacuation": "accepted",
+    "live-migration": "accepted",
+    "migration": "pre-migrating",
+    "resize": "pre-migrating",
+}
+_ACTION = {
+    "evacuation": "evacuate",
+    "live-migration": "live-migration",
+    "migration": "migrate",
+    "resize": "resize",
+}
 
 
-def _settle(
-    cloud: Cloud, started: _Started, placement: Placement, request_id: str = ""
-) -> MoveResult:
-    """Fail a started move that found no destination, or hand it to the conductor."""
-    migration_id, record, instance_id = started.migration_id, started.record, started.instance_id
-    if placement.claim is None:
-        return _fail_start(cloud, migration_id, record, instance_id, placement.reason)
-    dest_name = _name_of(cloud, placement.claim.host_id)
-    status = "preparing" if record["migration_type"] == "live-migration" else "pre-migrating"
-    record.update(status=status, dest_compute=dest_name, dest_host=dest_name)
-    with cloud.ledger.engine.begin() as conn:
-        cloud.objects.update_in(conn, "migration", migration_id, record)
-        cloud.operations.enqueue(
-            record["migration_type"],
-            instance_id,
-            dest_name,
-            step="prepare",
-            payload={"request_id": request_id},
-            migration_id=migration_id,
-            conn=conn,
-        )
-    cloud.kick()
-    return MoveResult(migration_id, status, dest_name)
+def _request_of(cloud: Cloud, record: dict[str, Any], migration_id: str) -> Request | None:
+    doc = cloud.objects.find("instance", record["instance_uuid"])
+    if doc is None:
+        return None
+    body = doc.body
+    flavor = record["new_flavor"]
+    return Request(
+        consumer_id=migration_id,
+        instance_id=record["instance_uuid"],
+        shape=shape_of_flavor(flavor),
+        kind=ConsumerKind.MIGRATION,
+        project_id=body["project_id"],
+        user_id=body["user_id"],
+        group_id=body.get("group_id"),
+        force_host=record.get("dest_compute"),
+        ignore_hosts=frozenset({cloud.ledger.host_id(record["source_compute"])}),
+        extra_specs=dict(flavor.get("extra_specs") or {}),
+    )
+
+
+def schedule_moves(cloud: Cloud, ops: Sequence[Operation]) -> None:
+    """The conductor's `schedule` step of moves: every due move planned together as one plan
+    (a host's evacuation is one plan), each destination claim committed with the migration's
+    destination and status and the operation's next step, or not at all. Safe to repeat: a
+    move whose operation has moved on claims nothing."""
+    if not ops:
+        return
+    by_migration: dict[str, Operation] = {}
+    requests: list[Request] = []
+    for op in ops:
+        assert op.migration_id is not None
+        record = cloud.objects.find("migration", op.migration_id)
+        request = None if record is None else _request_of(cloud, record.body, op.migration_id)
+        if request is None:
+            with cloud.ledger.engine.begin() as conn:
+                cloud.operations.advance(conn, op.id, state="failed", result={"error": "gone"})
+            continue
+        by_migration[op.migration_id] = op
+        requests.append(request)
+    names: dict[int, str] = {}
+
+    def placed(conn: Connection, claim: Any) -> None:
+        op = by_migration[claim.consumer_id]
+        current = cloud.operations.find_in(conn, op.id)
+        doc = cloud.objects.find_in(conn, "migration", claim.consumer_id)
+        if current is None or current.finished or current.step != "schedule" or doc is None:
+            raise ClaimRefused(f"migration {claim.consumer_id} no longer waits for a destination")
+        record = dict(doc.body)
+        dest = names.get(claim.host_id) or _name_of(cloud, claim.host_id)
+        status = "preparing" if record["migration_type"] == "live-migration" else "pre-migrating"
+        record.update(status=status, dest_compute=dest, dest_host=dest)
+        if not cloud.objects.swap_in(conn, "migration", claim.consumer_id, doc.body, record):
+            raise ClaimRefused(f"migration {claim.consumer_id} changed while it was scheduled")
+        cloud.operations.advance(conn, op.id, step="prepare", host=dest)
+
+    with cloud.schedule_lock:
+        placements = cloud.scheduler.schedule(requests, also=placed)
+    for placement in placements:
+        if placement.claim is None:
+            op = by_migration[placement.request.consumer_id]
+            _fail_start(cloud, op, placement.reason)
 
 
 def move(
@@ -237,50 +288,69 @@ def move(
     new_flavor: dict[str, Any] | None = None,
     request_id: str = "",
 ) -> MoveResult:
-    """Start a move: check the source, record the migration, claim a destination."""
-    started = _start(
-        cloud,
-        instance_id,
-        migration_type,
-        user_id=user_id,
-        project_id=project_id,
-        dest=dest,
-        new_flavor=new_flavor,
-    )
-    with cloud.schedule_lock:
-        placement = cloud.scheduler.schedule([started.request])[0]
-    return _settle(cloud, started, placement, request_id)
+    """Start a move as one unit of work (the instance marked moving, the migration record,
+    its action and the conductor's operation commit together); the conductor plans the
+    destination and drives the move to its end."""
+    number = _number(cloud)  # its own commit: a crash after it only leaves a gap
+    with cloud.ledger.engine.begin() as conn:
+        migration_id, status = _start(
+            cloud,
+            instance_id,
+            migration_type,
+            user_id=user_id,
+            project_id=project_id,
+            dest=dest,
+            new_flavor=new_flavor,
+            request_id=request_id,
+            number=number,
+            conn=conn,
+        )
+    cloud.kick()
+    return MoveResult(migration_id, status, dest)
 
 
 def evacuate_host(
-    cloud: Cloud, host: str, *, user_id: str, project_id: str
+    cloud: Cloud, host: str, *, user_id: str, project_id: str, request_id: str = ""
 ) -> dict[str, MoveResult]:
-    """Every instance of a down host re-planned together, as one plan: per instance, where it
-    went or why it could not. Nova only has a client-side loop for this."""
+    """Every instance of a down host, re-planned together as one plan: per instance, the
+    started evacuation, or (status `refused`) why it cannot start. One instance that cannot
+    move never stops the others. Nova only has a client-side loop for this."""
     if _host_row(cloud, host) is None:
         raise NotFound(f"Compute host {host} could not be found.")
     if host_is_up(cloud, host):
         raise ConflictError(f"Compute service of {host} is still in use.")
     instances = [d.id for d in cloud.objects.list("instance") if d.body.get("host") == host]
-    started = [
-        _start(
-            cloud,
-            instance_id,
-            "evacuation",
-            user_id=user_id,
-            project_id=project_id,
-            dest=None,
-            new_flavor=None,
-        )
-        for instance_id in instances
-    ]
-    with cloud.schedule_lock:
-        placements = cloud.scheduler.schedule([s.request for s in started])
-    return {s.instance_id: _settle(cloud, s, p) for s, p in zip(started, placements, strict=True)}
+    out: dict[str, MoveResult] = {}
+    numbers = {instance_id: _number(cloud) for instance_id in instances}
+    # One transaction: the conductor leases the evacuations together and plans them as one.
+    with cloud.ledger.engine.begin() as conn:
+        for instance_id in instances:
+            try:
+                with conn.begin_nested():
+                    migration_id, status = _start(
+                        cloud,
+                        instance_id,
+                        "evacuation",
+                        user_id=user_id,
+                        project_id=project_id,
+                        dest=None,
+                        new_flavor=None,
+                        request_id=request_id or f"req-{uuid.uuid4()}",
+                        number=numbers[instance_id],
+                        conn=conn,
+                    )
+            except StowageError as exc:
+                out[instance_id] = MoveResult("", "refused", None, str(exc))
+            else:
+                out[instance_id] = MoveResult(migration_id, status, None)
+    cloud.kick()
+    return out
 
 
 def outcome(cloud: Cloud, result: MoveResult, timeout_s: float) -> MoveResult:
     """A started move's result once its operation ended (or as it stands after `timeout_s`)."""
+    if not result.migration_id:
+        return result
     doc = cloud.objects.find("migration", result.migration_id)
     if doc is None:
         return result
@@ -292,6 +362,26 @@ def outcome(cloud: Cloud, result: MoveResult, timeout_s: float) -> MoveResult:
         record.get("dest_compute"),
         str(record.get("reason") or ""),
     )
+
+
+def planned(cloud: Cloud, result: MoveResult, timeout_s: float) -> MoveResult:
+    """A started move once its destination is planned (or it failed), bounded by
+    `timeout_s`: Nova answers a cold migration or resize with no valid host with a 400."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        doc = cloud.objects.find("migration", result.migration_id) if result.migration_id else None
+        if doc is None:
+            return result
+        record = doc.body
+        now = MoveResult(
+            result.migration_id,
+            str(record["status"]),
+            record.get("dest_compute"),
+            str(record.get("reason") or ""),
+        )
+        if record.get("dest_compute") or record["status"] in ENDED or time.monotonic() > deadline:
+            return now
+        time.sleep(0.01)
 
 
 def _writer(
@@ -315,23 +405,44 @@ def _name_of(cloud: Cloud, host_id: int) -> str:
         return str(conn.execute(select(hosts.c.name).where(hosts.c.id == host_id)).scalar_one())
 
 
-def _fail_start(
-    cloud: Cloud, migration_id: str, record: dict[str, Any], instance_id: str, reason: str
-) -> MoveResult:
-    """Nothing was claimed: the record ends `failed` and the instance is as it was."""
-    body = dict(cloud.objects.get("instance", instance_id).body)
-    evacuating = record["migration_type"] == "evacuation"
-    if evacuating:
-        # The host is down and nowhere could take the instance: it is in error, as in Nova.
-        body.update(status="ERROR", vm_state="error", task_state=None)
-        body["fault"] = {"code": 500, "message": reason, "created": time.time(), "details": ""}
-    else:
-        body.update(status=settled_status(body), task_state=None)
-    record.update(status="failed", reason=reason)
+def _fail_start(cloud: Cloud, op: Operation, reason: str) -> None:
+    """No destination was found: in one commit the record ends `failed`, the operation too,
+    and the instance is as it was (an evacuated one, whose host is down, is ERROR)."""
+    assert op.migration_id is not None
+    migration_id = op.migration_id
 
-    write = _writer(cloud, migration_id, record, instance_id, body)
+    def write(conn: Connection) -> None:
+        doc = cloud.objects.find_in(conn, "migration", migration_id)
+        current = cloud.operations.find_in(conn, op.id)
+        if doc is None or current is None or current.finished or current.step != "schedule":
+            return  # someone else settled it meanwhile
+        record = dict(doc.body)
+        instance = cloud.objects.find_in(conn, "instance", record["instance_uuid"])
+        record.update(status="failed", reason=reason)
+        cloud.objects.update_in(conn, "migration", migration_id, record)
+        cloud.operations.advance(conn, op.id, state="failed", result={"error": reason})
+        if instance is None:
+            return
+        body = dict(instance.body)
+        if record["migration_type"] == "evacuation":
+            # The host is down and nowhere could take the instance: it is in error, as in Nova.
+            body.update(status="ERROR", vm_state="error", task_state=None)
+            body["fault"] = {"code": 500, "message": reason, "created": time.time(), "details": ""}
+        else:
+            body.update(status=settled_status(body), task_state=None)
+        cloud.objects.swap_in(conn, "instance", instance.id, instance.body, body)
+        action = cloud.objects.find_in(
+            conn, "instance_action", f"{record.get('request_id', '')}:{instance.id}"
+        )
+        if action is not None:
+            entry = dict(action.body)
+            entry["message"] = reason
+            entry["events"] = [
+                {**e, "result": "Error", "details": reason} for e in entry.get("events", [])
+            ]
+            cloud.objects.update_in(conn, "instance_action", action.id, entry)
+
     cloud.ledger.fail_migration(migration_id, also=write)
-    return MoveResult(migration_id, "failed", None, reason)
 
 
 def settled_status(body: dict[str, Any]) -> str:

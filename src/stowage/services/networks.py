@@ -58,6 +58,7 @@ __all__ = [
     "list_security_group_rules",
     "list_security_groups",
     "list_subnets",
+    "ports_of",
     "release_ports",
     "set_tags",
     "tags_of",
@@ -1251,10 +1252,15 @@ def attach_port(
     return _render_port(_save(cloud, "port", new), _As(project_id, True))
 
 
+def ports_of(cloud: Cloud, device_id: str) -> list[dict[str, Any]]:
+    """The ports a server holds (made for it, or attached to it)."""
+    return [p for p in _bodies(cloud, "port") if p.get("device_id") == device_id]
+
+
 def release_ports(cloud: Cloud, device_id: str) -> int:
     """A deleted server's ports: those made for it are deleted, attached ones detached.
     Returns how many ports it held."""
-    ports = [p for p in _bodies(cloud, "port") if p.get("device_id") == device_id]
+    ports = ports_of(cloud, device_id)
     for port in ports:
         if port.get("_preserve"):
             new = dict(port)

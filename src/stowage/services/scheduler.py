@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from stowage.domain.claims import Claim, ClaimOutcome, RefusalCode
-from stowage.ledger.ledger import Ledger
+from stowage.ledger.ledger import CommitClaim, Ledger
 from stowage.scheduling.framework import Request
 from stowage.scheduling.pipeline import Decision, Pipeline
 from stowage.scheduling.view import View
@@ -79,13 +79,24 @@ class Scheduler:
         return host_id % count != index
 
     def schedule(
-        self, requests: Sequence[Request], *, min_count: int | None = None
+        self,
+        requests: Sequence[Request],
+        *,
+        min_count: int | None = None,
+        also: CommitClaim | None = None,
     ) -> list[Placement]:
-        """Place requests together as one plan. With `min_count`, fewer placed means none are."""
+        """Place requests together as one plan.
+
+        With `min_count`, fewer placed means none are: the placed ones commit in one
+        transaction or not at all, so nothing is ever claimed and then undone. `also` runs in
+        the transaction of each claim (ledger.Ledger.claim), so what the claim is for commits
+        with it.
+        """
         view = self.current_view()
         for request in requests:
             if request.group_id is not None:
                 self.ledger.ensure_group(view, request.group_id)
+        atomic = min_count is not None and min_count > 1
         results: dict[int, Placement] = {}
         pending = list(enumerate(requests))
         for attempt in range(1, self.retries_max + 1):
@@ -100,12 +111,24 @@ class Scheduler:
                     )
                 else:
                     to_commit.append((index, decision))
-            outcomes = self._commit([d.claim for _, d in to_commit if d.claim is not None])
+            if atomic and min_count is not None and len(to_commit) < min_count:
+                # The plan took room in the view that no claim will fill: read those hosts again.
+                planned = {d.claim.host_id for _, d in to_commit if d.claim is not None}
+                self.ledger.refresh(view, host_ids=planned, defer=self._elsewhere)
+                return self._short(requests, results, len(to_commit), min_count, attempt)
+            claims = [d.claim for _, d in to_commit if d.claim is not None]
+            outcomes = self._commit(claims, also, atomic=atomic)
             retry: list[tuple[int, Request]] = []
             stale_hosts: set[int] = set()
             for (index, decision), outcome in zip(to_commit, outcomes, strict=True):
                 if outcome.ok:
                     results[index] = Placement(decision.request, decision.claim, attempts=attempt)
+                    continue
+                if outcome.code is RefusalCode.CONSUMER_GONE:
+                    # What the claim was for is gone: no other host would do better.
+                    results[index] = Placement(
+                        decision.request, None, outcome.code, outcome.reason, attempt
+                    )
                     continue
                 self.conflicts += 1
                 stale_hosts.add(outcome.host_id)
@@ -119,35 +142,44 @@ class Scheduler:
                 break
             # Re-pick from a fresher view: the hosts that refused, and whatever else changed.
             self.ledger.refresh(view, host_ids=stale_hosts, defer=self._elsewhere)
-            pending = retry
+            if atomic:  # all or nothing: the whole set is planned again
+                pending = list(enumerate(requests))
+                results.clear()
+            else:
+                pending = retry
         placements = [results[i] for i in range(len(requests))]
         if min_count is not None and sum(p.ok for p in placements) < min_count:
-            return self._undo(placements, min_count)
+            return self._short(requests, results, sum(p.ok for p in placements), min_count, 0)
         return placements
 
-    def _commit(self, claims: list[Claim]) -> list[ClaimOutcome]:
+    def _commit(
+        self, claims: list[Claim], also: CommitClaim | None, *, atomic: bool
+    ) -> list[ClaimOutcome]:
+        if atomic:  # one transaction for the whole set, whatever its size
+            return self.ledger.claim(claims, writer=self.writer, also=also, atomic=True)
         out: list[ClaimOutcome] = []
         for start in range(0, len(claims), self.batch_max):
             batch = claims[start : start + self.batch_max]
-            out.extend(self.ledger.claim(batch, writer=self.writer))
+            out.extend(self.ledger.claim(batch, writer=self.writer, also=also))
         return out
 
-    def _undo(self, placements: list[Placement], min_count: int) -> list[Placement]:
-        placed = sum(p.ok for p in placements)
-        reason = next((p.reason for p in placements if not p.ok), "")
-        undone = []
-        for p in placements:
-            if p.claim is not None:
-                self.ledger.release(p.claim.consumer_id)
-            undone.append(
-                Placement(
-                    p.request,
-                    None,
-                    RefusalCode.NO_VALID_HOST,
-                    f"only {placed} of the minimum {min_count} instances fit. {reason}".strip(),
-                    p.attempts,
-                )
+    def _short(
+        self,
+        requests: Sequence[Request],
+        results: dict[int, Placement],
+        placed: int,
+        min_count: int,
+        attempt: int,
+    ) -> list[Placement]:
+        """Fewer than `min_count` fit: none is placed, each says why."""
+        reason = next((p.reason for p in results.values() if not p.ok), "")
+        return [
+            Placement(
+                request,
+                None,
+                RefusalCode.NO_VALID_HOST,
+                f"only {placed} of the minimum {min_count} instances fit. {reason}".strip(),
+                max(attempt, 1),
             )
-        if self.view is not None:
-            self.ledger.refresh(self.view)
-        return undone
+            for request in requests
+        ]

@@ -9,37 +9,29 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_admin
-from stowage.services.compute import record_action
-from stowage.services.migrations import evacuate_host, outcome
+from stowage.api.common import on_loop
+from stowage.services.migrations import evacuate_host, planned
 
 router = APIRouter()
 
 
 @router.post("/os-stowage-hosts/{host}/evacuate")
 async def evacuate(request: Request, host: str) -> JSONResponse:
+    """Every instance of the host: where it went, or why it could not go (it never stops
+    half-way: an instance that cannot start its evacuation is reported and the rest go on)."""
     ctx = require_admin(request)
     cloud = cloud_of(request)
-    results = await asyncio.to_thread(
-        evacuate_host, cloud, host, user_id=ctx.user_id, project_id=ctx.project_id
-    )
     rid = request.state.request_id
+    results = await asyncio.to_thread(
+        evacuate_host, cloud, host, user_id=ctx.user_id, project_id=ctx.project_id, request_id=rid
+    )
     out = []
     for server_id, started in results.items():
-        result = await asyncio.to_thread(outcome, cloud, started, cloud.config.api_wait_s)
-        record_action(
-            cloud,
-            server_id,
-            "evacuate",
-            ctx.user_id,
-            ctx.project_id,
-            rid,
-            result="Error" if result.status in ("failed", "error") else "Success",
-            message=result.reason or None,
-        )
+        result = await asyncio.to_thread(planned, cloud, started, cloud.config.api_wait_s)
         out.append(
             {
                 "server_id": server_id,
-                "migration_id": result.migration_id,
+                "migration_id": result.migration_id or None,
                 "status": result.status,
                 "host": result.dest,
                 "reason": result.reason,
@@ -49,6 +41,7 @@ async def evacuate(request: Request, host: str) -> JSONResponse:
 
 
 @router.post("/os-stowage-hosts/{host}/reconcile")
+@on_loop  # awaits the agent over the bus
 async def reconcile(request: Request, host: str) -> JSONResponse:
     """The host's reconciler, on demand: its report, divergences recorded as faults."""
     from stowage.api.compute.sim import control

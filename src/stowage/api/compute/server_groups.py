@@ -16,6 +16,7 @@ from stowage.api.compute.microversion import mv
 from stowage.domain.errors import NotFound
 from stowage.domain.groups import GroupPolicy, ServerGroup, parse_group
 from stowage.services import compute_catalog as catalog
+from stowage.services.groups import create_server_group
 
 __all__ = ["router"]
 
@@ -105,7 +106,7 @@ async def create_group(request: Request) -> JSONResponse:
     )
     group = dataclasses.replace(group, rules=_normal_rules(group, rules))
     try:
-        cloud.ledger.create_group(group)
+        create_server_group(cloud, group)
     except IntegrityError:
         raise ApiError(409, f"Server group {group.id} already exists.") from None
     return JSONResponse({"server_group": _view(request, group, [])})

@@ -39,7 +39,7 @@ from stowage.services.compute import (
 )
 from stowage.services.compute_catalog import visible_flavor
 from stowage.services.images import properties_of
-from stowage.services.migrations import confirm_resize, move, outcome, revert_resize
+from stowage.services.migrations import confirm_resize, move, revert_resize
 
 router = APIRouter()
 
@@ -312,33 +312,6 @@ def _parse_zone(ctx: Context, raw: Any) -> tuple[str | None, str | None]:
     return zone or None, host
 
 
-def _check_quota(cloud: Cloud, ctx: Context, build: BuildRequest) -> None:
-    quota = cloud.objects.find("quota", ctx.project_id)
-    limits = {"instances": 10, "cores": 20, "ram": 51200}
-    if quota is not None:
-        limits.update({k: int(v) for k, v in quota.body.items() if k in limits})
-    used = {"instances": 0, "cores": 0, "ram": 0}
-    for doc in cloud.objects.list("instance", project_id=ctx.project_id):
-        used["instances"] += 1
-        used["cores"] += int(doc.body["flavor"]["vcpus"])
-        used["ram"] += int(doc.body["flavor"]["ram"])
-    wanted = {
-        "instances": build.min_count,
-        "cores": build.min_count * int(build.flavor["vcpus"]),
-        "ram": build.min_count * int(build.flavor["ram"]),
-    }
-    over = [
-        r
-        for r in ("instances", "cores", "ram")
-        if limits[r] >= 0 and used[r] + wanted[r] > limits[r]
-    ]
-    if over:
-        detail = ", ".join(
-            f"{r} (requested {wanted[r]}, used {used[r]}, quota {limits[r]})" for r in over
-        )
-        raise ApiError(403, f"Quota exceeded for {', '.join(over)}: {detail}")
-
-
 @router.post("/servers")
 async def create_server(request: Request) -> JSONResponse:
     ctx = require_context(request)
@@ -347,7 +320,6 @@ async def create_server(request: Request) -> JSONResponse:
     cloud = cloud_of(request)
     payload = await json_body(request)
     build = _parse_create(cloud, ctx, payload)
-    _check_quota(cloud, ctx, build)
     try:
         docs = await asyncio.to_thread(build_servers, cloud, build, request.state.request_id)
     except InvalidSpec as exc:
@@ -681,7 +653,7 @@ async def _move_action(
         if new_flavor["id"] == doc.body["flavor"]["id"]:
             raise ApiError(400, "When resizing, instances must change flavor!")
         check_resize_quota(cloud, doc.body["project_id"], doc.body["flavor"], new_flavor)
-    result = await asyncio.to_thread(
+    await asyncio.to_thread(
         move,
         cloud,
         server_id,
@@ -692,22 +664,7 @@ async def _move_action(
         new_flavor=new_flavor,
         request_id=rid,
     )
-    result = await asyncio.to_thread(outcome, cloud, result, cloud.config.api_wait_s)
-    record_action(
-        cloud,
-        server_id,
-        {
-            "evacuation": "evacuate",
-            "live-migration": "live-migration",
-            "migration": "migrate",
-            "resize": "resize",
-        }[kind],
-        ctx.user_id,
-        ctx.project_id,
-        rid,
-        result="Error" if result.status in ("failed", "error") else "Success",
-        message=result.reason or None,
-    )
+    await settled(cloud, [server_id])
     if action == "evacuate":
         return Response(status_code=200)
     return Response(status_code=202)

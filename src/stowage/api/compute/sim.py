@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_admin
-from stowage.api.common import ApiError, json_body
+from stowage.api.common import ApiError, json_body, on_loop
 from stowage.bus.base import BusError, RemoteError
 from stowage.services.compute import instance_hosts
 from stowage.services.migrations import host_is_up
@@ -35,7 +35,7 @@ _ACTIONS = {
 
 
 async def control(request: Request, host: str, method: str, payload: dict[str, Any]) -> Any:
-    from stowage.agent.server import control_topic
+    from stowage.bus.base import control_topic
 
     cloud = cloud_of(request)
     if host not in set(instance_hosts(cloud).values()):
@@ -57,6 +57,7 @@ async def control(request: Request, host: str, method: str, payload: dict[str, A
 
 
 @router.get("/os-stowage-sim")
+@on_loop  # awaits the agents over the bus
 async def show(request: Request) -> JSONResponse:
     require_admin(request)
     cloud = cloud_of(request)
@@ -69,6 +70,7 @@ async def show(request: Request) -> JSONResponse:
 
 
 @router.post("/os-stowage-sim/{host}/action")
+@on_loop  # awaits the agents over the bus
 async def act(request: Request, host: str) -> JSONResponse:
     require_admin(request)
     cloud = cloud_of(request)

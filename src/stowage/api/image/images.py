@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 
 from stowage.api.auth import cloud_of, require_context, require_writer
-from stowage.api.common import ApiError, Context, json_body, parse_limit
+from stowage.api.common import ApiError, Context, json_body, on_loop, parse_limit
 from stowage.api.image.schemas import image_schema, images_schema
 from stowage.services import images as svc
 
@@ -216,6 +216,7 @@ async def delete_image(image_id: str, request: Request, ctx: Writer) -> Response
 
 
 @router.put("/images/{image_id}/file")
+@on_loop  # streams the body to disk as it arrives
 async def upload_data(image_id: str, request: Request, ctx: Writer) -> Response:
     content_type = request.headers.get("content-type", "").split(";")[0].strip()
     if content_type != "application/octet-stream":

@@ -1,0 +1,143 @@
+"""Quotas as counted claims: usage is counted inside the transaction that takes it.
+
+A project's usage is what its instance documents add up to, read while the project's quota
+lock is held, in the same transaction that writes the new instances. Two creates in one
+project therefore take turns (no interleaving can pass a limit), and there is no usage
+counter that could drift from what exists. The lock is the smallest thing that serializes
+the check: one project (an advisory lock on PostgreSQL; SQLite write transactions are
+serialized already).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, func, select, text
+
+from stowage.domain.errors import QuotaExceeded
+from stowage.ledger.schema import objects, server_groups
+from stowage.services.cloud import Cloud
+from stowage.services.compute_catalog import quota_limits
+
+__all__ = ["InstanceUsage", "lock_project", "reserve_instances", "reserve_server_group"]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceUsage:
+    instances: int
+    cores: int
+    ram: int
+    group_members: int
+
+
+def lock_project(conn: Connection, project_id: str) -> None:
+    """Hold the project's quota lock until `conn`'s transaction ends."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+            {"key": f"stowage-quota:{project_id}"},
+        )
+
+
+def count_instances(conn: Connection, project_id: str, group_id: str | None) -> InstanceUsage:
+    """What the project's instance documents use, read inside `conn`'s transaction."""
+    instances = cores = ram = members = 0
+    rows = conn.execute(
+        select(objects.c.body).where(
+            objects.c.kind == "instance", objects.c.project_id == project_id
+        )
+    ).scalars()
+    for raw in rows:
+        body = json.loads(raw)
+        flavor = body.get("flavor") or {}
+        instances += 1
+        cores += int(flavor.get("vcpus", 0) or 0)
+        ram += int(flavor.get("ram", 0) or 0)
+        if group_id is not None and body.get("group_id") == group_id:
+            members += 1
+    return InstanceUsage(instances, cores, ram, members)
+
+
+def reserve_instances(
+    cloud: Cloud,
+    conn: Connection,
+    *,
+    project_id: str,
+    user_id: str,
+    flavor: Mapping[str, Any],
+    min_count: int,
+    max_count: int,
+    group_id: str | None = None,
+) -> int:
+    """How many of `max_count` instances the project may create now, at least `min_count`.
+
+    As Nova: as many as every quota allows, down to `min_count`; fewer than that is a
+    QuotaExceeded naming the resource. The per-request ceiling counts like a quota. The
+    caller creates that many instance documents in `conn` before it commits.
+    """
+    lock_project(conn, project_id)
+    limits = quota_limits(cloud, project_id, user_id)
+    used = count_instances(conn, project_id, group_id)
+    each = {
+        "instances": 1,
+        "cores": int(flavor.get("vcpus", 0) or 0),
+        "ram": int(flavor.get("ram", 0) or 0),
+    }
+    in_use = {"instances": used.instances, "cores": used.cores, "ram": used.ram}
+    allowed = min(max_count, cloud.config.max_instances_per_request)
+    over: list[str] = []
+    for resource, amount in each.items():
+        limit = limits.get(resource, -1)
+        if limit < 0 or amount == 0:
+            continue
+        room = max(0, (limit - in_use[resource]) // amount)
+        if room < min_count:
+            over.append(resource)
+        allowed = min(allowed, room)
+    if group_id is not None:
+        limit = limits.get("server_group_members", -1)
+        if limit >= 0:
+            room = max(0, limit - used.group_members)
+            if room < min_count:
+                raise QuotaExceeded(
+                    f"Quota exceeded, too many servers in group: requested {min_count}, "
+                    f"but the group already has {used.group_members} of {limit} members"
+                )
+            allowed = min(allowed, room)
+    if over:
+        detail = ", ".join(
+            f"{r} (requested {min_count * each[r]}, used {in_use[r]}, quota {limits[r]})"
+            for r in over
+        )
+        raise QuotaExceeded(
+            f"Quota exceeded for {', '.join(over)}: Requested {min_count}, but already used "
+            f"{in_use[over[0]]} of {limits[over[0]]} {over[0]}. {detail}"
+        )
+    if allowed < min_count:
+        raise QuotaExceeded(
+            f"Requested {min_count} instances in one request; at most "
+            f"{cloud.config.max_instances_per_request} are allowed per request"
+        )
+    return allowed
+
+
+def reserve_server_group(cloud: Cloud, conn: Connection, project_id: str) -> None:
+    """Refuse a new server group past the project's `server_groups` quota (inside `conn`)."""
+    lock_project(conn, project_id)
+    limit = quota_limits(cloud, project_id).get("server_groups", -1)
+    if limit < 0:
+        return
+    used = int(
+        conn.execute(
+            select(func.count())
+            .select_from(server_groups)
+            .where(server_groups.c.project_id == project_id)
+        ).scalar_one()
+    )
+    if used + 1 > limit:
+        raise QuotaExceeded(
+            f"Quota exceeded, too many server groups: used {used} of {limit} server_groups"
+        )
