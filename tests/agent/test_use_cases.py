@@ -62,7 +62,10 @@ def open_cloud(url: str, state: Path, **config: Any) -> Cloud:
         if name not in set(_host_names(ledger)):
             ledger.register_host(HostSpec(name, TOPOLOGY, disk_gb=100))
     ledger.heartbeat()
-    return Cloud(CloudConfig(state_dir=state, **config), ledger)
+    cloud = Cloud(CloudConfig(state_dir=state, **config), ledger)
+    if cloud.objects.find("domain", "default") is None:  # a cloud, not a bare ledger: audited
+        cloud.objects.create("domain", "default", {"id": "default", "name": "Default"})
+    return cloud
 
 
 def _host_names(ledger: Ledger) -> list[str]:

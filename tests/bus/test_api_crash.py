@@ -57,7 +57,10 @@ def common_state(common: tuple[str, ...]) -> Path:
 def wait_up(cloud: RunningCloud, hosts: list[str], timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        rows = cloud.compute("GET", "/os-services?binary=nova-compute").json()["services"]
+        try:
+            rows = cloud.compute("GET", "/os-services?binary=nova-compute").json()["services"]
+        except httpx.TimeoutException:  # a machine busy starting twenty processes
+            continue
         if {r["host"] for r in rows if r["state"] == "up"} >= set(hosts):
             return
         time.sleep(0.5)

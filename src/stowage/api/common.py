@@ -7,7 +7,7 @@ import inspect
 import json
 import threading
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ __all__ = [
     "ApiError",
     "Context",
     "ErrorStyle",
+    "api_routes",
     "install_common",
     "json_body",
     "loads",
@@ -275,23 +276,39 @@ def run_off_loop(app: FastAPI) -> None:
     request stalls every other (the busy-disk seed's class of bug, in the API). The body is
     read on the loop first (it is I/O), then the handler runs in a worker thread on that
     thread's own event loop, so its `await`s keep working. Endpoints marked `on_loop` stay.
+    Call it before the app serves its first request (FastAPI builds included routes lazily,
+    from each route's endpoint).
     """
-    for route in app.router.routes:
-        if not isinstance(route, APIRoute):
+    for route in api_routes(app.router):
+        endpoint = route.endpoint
+        if not inspect.iscoroutinefunction(endpoint) or getattr(endpoint, "stowage_on_loop", False):
             continue
-        call = route.dependant.call
-        if call is None or not inspect.iscoroutinefunction(call):
-            continue
-        if getattr(call, "stowage_on_loop", False):
-            continue
-        route.dependant.call = _in_worker_thread(call)
-        route.app = request_response(_body_first(route.get_route_handler()))
+        threaded = _in_worker_thread(endpoint)
+        route.endpoint = threaded
+        route.dependant.call = threaded
+        route.get_route_handler = _body_first(route)  # type: ignore[method-assign,assignment]
+        route.app = request_response(route.get_route_handler())
+
+
+def api_routes(router: Any) -> Iterator[APIRoute]:
+    for route in router.routes:
+        if isinstance(route, APIRoute):
+            yield route
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from api_routes(included)
 
 
 def _in_worker_thread(endpoint: Endpoint) -> Endpoint:
     def call(*args: Any, **kwargs: Any) -> Any:
         return _thread_loop().run_until_complete(endpoint(*args, **kwargs))
 
+    # FastAPI reads the parameters from the signature (annotations resolved here, in the
+    # endpoint's own module) and sees a plain function: it calls it in the thread pool.
+    call.__signature__ = inspect.signature(endpoint, eval_str=True)  # type: ignore[attr-defined]
+    call.__name__ = endpoint.__name__
+    call.__qualname__ = endpoint.__qualname__
+    call.__module__ = endpoint.__module__
     return call
 
 
@@ -303,11 +320,17 @@ def _thread_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
-def _body_first(
-    handler: Callable[[Request], Awaitable[Response]],
-) -> Callable[[Request], Awaitable[Response]]:
-    async def read_then_handle(request: Request) -> Response:
-        await request.body()  # cached on the request, which the handler is given
-        return await handler(request)
+def _body_first(route: APIRoute) -> Callable[[], Callable[[Request], Awaitable[Response]]]:
+    """`route.get_route_handler`, with the body read (and cached on the request the handler
+    is given) on the event loop before the handler runs in its thread."""
 
-    return read_then_handle
+    def get_route_handler() -> Callable[[Request], Awaitable[Response]]:
+        handler = APIRoute.get_route_handler(route)
+
+        async def read_then_handle(request: Request) -> Response:
+            await request.body()
+            return await handler(request)
+
+        return read_then_handle
+
+    return get_route_handler
