@@ -509,12 +509,14 @@ _POWER_ACTIONS = {"os-stop", "os-start", "reboot", "pause", "unpause", "suspend"
 
 
 async def settled(cloud: Cloud, instance_ids: list[str]) -> None:
-    """Wait (bounded by the cloud's `api_wait_s`) for the instances' operations to end.
-
-    The compute API answers 202 either way, as Nova does; waiting a little first means the
-    simulated cloud's quick operations are finished by the time a client looks.
-    """
-    await asyncio.to_thread(cloud.operations.wait_instances, instance_ids, cloud.config.api_wait_s)
+    """Wait (bounded by the cloud's `api_wait_s`, 0 by default) for the instances'
+    operations to end. The compute API answers 202 either way, as Nova does, as soon as the
+    request is committed; a cloud started with a wait lets scripts that do not poll read
+    the simulated cloud's quick operations as finished."""
+    if cloud.config.api_wait_s > 0:
+        await asyncio.to_thread(
+            cloud.operations.wait_instances, instance_ids, cloud.config.api_wait_s
+        )
 
 
 _ADMIN_ACTIONS = {"os-resetState", "os-migrateLive", "migrate", "evacuate"}
