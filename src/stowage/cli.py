@@ -25,6 +25,22 @@ DbUrl = Annotated[
     str | None,
     typer.Option("--db", help="Ledger database URL (sqlite:///PATH or postgresql://...)."),
 ]
+LockoutAttempts = Annotated[
+    int,
+    typer.Option(
+        "--lockout-failure-attempts",
+        min=0,
+        help="Keystone's [security_compliance]: failed logins in a row that lock a user (0: off).",
+    ),
+]
+LockoutDuration = Annotated[
+    float,
+    typer.Option(
+        "--lockout-duration",
+        min=0,
+        help="Seconds a locked user stays locked (0: until an admin enables it again).",
+    ),
+]
 
 
 def _ledger_url(state_dir: Path, db: str | None) -> str:
@@ -161,6 +177,8 @@ def up(
         int,
         typer.Option("--max-concurrent-disk-ops", min=1, help="Disk-heavy work per agent."),
     ] = 2,
+    lockout_failure_attempts: LockoutAttempts = 0,
+    lockout_duration: LockoutDuration = 1800.0,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import uvicorn
@@ -188,6 +206,8 @@ def up(
         heartbeat_interval_s=heartbeat_interval,
         service_down_time_s=service_down_time,
         max_concurrent_disk_ops=max_concurrent_disk_ops,
+        lockout_failure_attempts=lockout_failure_attempts,
+        lockout_duration_s=lockout_duration,
     )
     if topology is not None:
         from stowage.domain.errors import InvalidSpec
@@ -238,6 +258,8 @@ def api_process(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     bus: BusUrl = DEFAULT_BUS,
     workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
+    lockout_failure_attempts: LockoutAttempts = 0,
+    lockout_duration: LockoutDuration = 1800.0,
 ) -> None:
     """Production: the APIs only (conductor and agents run as their own processes)."""
     import os
@@ -247,6 +269,8 @@ def api_process(
     from stowage.services.runtime import write_clouds_yaml
 
     cloud = _production_cloud(state_dir, db, host=host, port=port)
+    os.environ["STOWAGE_API_LOCKOUT_ATTEMPTS"] = str(lockout_failure_attempts)
+    os.environ["STOWAGE_API_LOCKOUT_DURATION"] = str(lockout_duration)
     write_clouds_yaml(cloud.config)
     cloud.ledger.close()
     os.environ["STOWAGE_API_STATE_DIR"] = str(state_dir.resolve())

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import statistics
+import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
-from tests.api.cloudproc import RunningCloud
+from tests.api.cloudproc import RunningCloud, start_cloud, stop_cloud
 
 
 def unique(prefix: str) -> str:
@@ -105,3 +108,155 @@ def test_a_reader_cannot_clear_a_servers_password(cloud: RunningCloud) -> None:
     member = cloud.token("demo", "stowage-demo", "demo")
     assert cloud.compute("DELETE", path, token=member).status_code == 204
     cloud.osc("server", "delete", "--wait", server["id"], cloud="stowage")
+
+
+# -- tokens: who may look at one, and how long a rescoped one lives ------------------------------
+
+
+def _login(cloud: RunningCloud, user: str, password: str, project: str = "demo") -> httpx.Response:
+    body = {
+        "auth": {
+            "identity": {
+                "methods": ["password"],
+                "password": {
+                    "user": {"name": user, "domain": {"name": "Default"}, "password": password}
+                },
+            },
+            "scope": {"project": {"name": project, "domain": {"name": "Default"}}},
+        }
+    }
+    return httpx.post(f"{cloud.base_url}/identity/v3/auth/tokens", json=body, timeout=30)
+
+
+def _member(cloud: RunningCloud, password: str = "secret-pw", *options: str) -> str:
+    name = unique("user")
+    cloud.osc("user", "create", "--password", password, "--project", "demo", *options, name)
+    cloud.osc("role", "add", "--project", "demo", "--user", name, "member")
+    return name
+
+
+def test_only_admin_service_or_its_own_user_validates_or_revokes_a_token(
+    cloud: RunningCloud,
+) -> None:
+    demo = cloud.token("demo", "stowage-demo", "demo")
+    other = cloud.token(_member(cloud), "secret-pw", "demo")
+
+    def ask(method: str, caller: str, subject: str) -> httpx.Response:
+        headers = {"X-Subject-Token": subject}
+        return _call(cloud, caller, method, "/identity/v3/auth/tokens", headers=headers)
+
+    assert ask("GET", other, demo).status_code == 403
+    assert ask("HEAD", other, demo).status_code == 403
+    assert ask("DELETE", other, demo).status_code == 403
+    assert ask("GET", demo, demo).status_code == 200  # the token's own user
+    assert ask("HEAD", demo, demo).status_code == 200
+    assert ask("GET", cloud.token(), demo).status_code == 200  # an admin
+    assert _call(cloud, demo, "GET", "/compute/v2.1/servers").status_code == 200
+    assert ask("DELETE", demo, demo).status_code == 204
+    assert _call(cloud, demo, "GET", "/compute/v2.1/servers").status_code == 401
+
+
+def test_a_rescoped_token_keeps_its_parents_expiry_and_audit_chain(cloud: RunningCloud) -> None:
+    first = _login(cloud, "admin", "stowage-admin", "admin")
+    assert first.status_code == 201
+    parent = first.json()["token"]
+    body = {
+        "auth": {
+            "identity": {"methods": ["token"], "token": {"id": first.headers["x-subject-token"]}},
+            "scope": {"project": {"name": "demo", "domain": {"name": "Default"}}},
+        }
+    }
+    time.sleep(1.1)  # a fresh token would expire at least a second later
+    second = httpx.post(f"{cloud.base_url}/identity/v3/auth/tokens", json=body, timeout=30)
+    assert second.status_code == 201, second.text
+    child = second.json()["token"]
+    assert child["expires_at"] == parent["expires_at"]
+    assert child["audit_ids"][1:] == parent["audit_ids"]
+    assert child["audit_ids"][0] != parent["audit_ids"][0]
+    # Rescoping the rescoped token again stays on the same chain and expiry.
+    body["auth"]["identity"]["token"]["id"] = second.headers["x-subject-token"]
+    third = httpx.post(f"{cloud.base_url}/identity/v3/auth/tokens", json=body, timeout=30)
+    assert third.json()["token"]["expires_at"] == parent["expires_at"]
+    assert third.json()["token"]["audit_ids"][1:] == parent["audit_ids"]
+    shown = _call(
+        cloud,
+        cloud.token(),
+        "GET",
+        "/identity/v3/auth/tokens",
+        headers={"X-Subject-Token": third.headers["x-subject-token"]},
+    )
+    assert shown.json()["token"]["audit_ids"] == third.json()["token"]["audit_ids"]
+
+
+# -- authentication ---------------------------------------------------------------------------
+
+
+def test_login_time_does_not_tell_which_user_names_exist(cloud: RunningCloud) -> None:
+    def median(user: str) -> float:
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            assert _login(cloud, user, "wrong-password").status_code == 401
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    existing = median("demo")
+    missing = median(unique("nobody"))
+    assert missing > 0.5 * existing, (missing, existing)
+
+
+def test_every_401_says_where_to_authenticate(cloud: RunningCloud) -> None:
+    expected = f'Keystone uri="{cloud.base_url}/identity"'
+    for path in (
+        "/compute/v2.1/servers",
+        "/image/v2/images",
+        "/networking/v2.0/networks",
+        "/placement/resource_providers",
+        "/identity/v3/users",
+    ):
+        response = httpx.get(f"{cloud.base_url}{path}", timeout=30)
+        assert response.status_code == 401, path
+        assert response.headers.get("www-authenticate") == expected, path
+    refused = _login(cloud, "demo", "wrong-password")
+    assert refused.status_code == 401
+    assert refused.headers.get("www-authenticate") == expected
+
+
+def test_lockout_after_failed_logins_unless_the_user_ignores_it(tmp_path: Path) -> None:
+    cloud = start_cloud(
+        tmp_path / "state", "--lockout-failure-attempts", "3", "--lockout-duration", "3"
+    )
+    try:
+        user = _member(cloud)
+        immune = _member(cloud, "secret-pw", "--ignore-lockout-failure-attempts")
+        for _ in range(3):
+            assert _login(cloud, user, "wrong").status_code == 401
+            assert _login(cloud, immune, "wrong").status_code == 401
+        locked = _login(cloud, user, "secret-pw")
+        assert locked.status_code == 401
+        assert "locked" in locked.json()["error"]["message"]
+        for _ in range(3):
+            assert _login(cloud, immune, "wrong").status_code == 401
+        assert _login(cloud, immune, "secret-pw").status_code == 201
+        time.sleep(3.2)
+        assert _login(cloud, user, "secret-pw").status_code == 201
+        # A success starts the count again; enabling the user (an admin's unlock) clears it.
+        for _ in range(3):
+            assert _login(cloud, user, "wrong").status_code == 401
+        assert _login(cloud, user, "secret-pw").status_code == 401
+        user_id = cloud.osc_json("user", "show", user)["id"]
+        enable = {"user": {"enabled": True}}
+        unlocked = _call(
+            cloud, cloud.token(), "PATCH", f"/identity/v3/users/{user_id}", json=enable
+        )
+        assert unlocked.status_code == 200
+        assert _login(cloud, user, "secret-pw").status_code == 201
+    finally:
+        stop_cloud(cloud)
+
+
+def test_without_lockout_options_failed_logins_lock_nobody(cloud: RunningCloud) -> None:
+    user = _member(cloud)
+    for _ in range(6):
+        assert _login(cloud, user, "wrong").status_code == 401
+    assert _login(cloud, user, "secret-pw").status_code == 201

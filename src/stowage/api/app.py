@@ -125,7 +125,12 @@ def production_app() -> ASGIApp:
 
     address, port = os.environ["STOWAGE_API_BASE"].rsplit(":", 1)
     config = CloudConfig(
-        state_dir=Path(os.environ["STOWAGE_API_STATE_DIR"]), hosts=0, host=address, port=int(port)
+        state_dir=Path(os.environ["STOWAGE_API_STATE_DIR"]),
+        hosts=0,
+        host=address,
+        port=int(port),
+        lockout_failure_attempts=int(os.environ.get("STOWAGE_API_LOCKOUT_ATTEMPTS", "0")),
+        lockout_duration_s=float(os.environ.get("STOWAGE_API_LOCKOUT_DURATION", "1800")),
     )
     cloud = open_cloud(config, db_url=os.environ["STOWAGE_API_DB"])
     return create_app(cloud, local_compute=False, bus_url=os.environ.get("STOWAGE_API_BUS"))

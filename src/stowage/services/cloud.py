@@ -58,6 +58,10 @@ class CloudConfig:
     resize_confirm_window_s: float = 0.0  # 0: resizes wait for an explicit confirm
     sim_step_s: float = 0.0  # latency of every simulated hypervisor step
     max_concurrent_disk_ops: int = 2  # per agent, like Nova's option of the same name
+    # Keystone's [security_compliance]: failed password logins in a row that lock an account
+    # (0: never), and for how many seconds (0: until an admin enables the user again).
+    lockout_failure_attempts: int = 0
+    lockout_duration_s: float = 1800.0
 
     @property
     def base_url(self) -> str:
