@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from tests.api.cloudproc import RunningCloud, start_cloud, stop_cloud
+from tests.api.cloudproc import IMAGE, RunningCloud, start_cloud, stop_cloud
 
 
 def unique(prefix: str) -> str:
@@ -260,3 +260,25 @@ def test_without_lockout_options_failed_logins_lock_nobody(cloud: RunningCloud) 
     for _ in range(6):
         assert _login(cloud, user, "wrong").status_code == 401
     assert _login(cloud, user, "secret-pw").status_code == 201
+
+
+def test_each_server_gets_its_own_random_admin_password(cloud: RunningCloud) -> None:
+    image_id = cloud.osc_json("image", "show", IMAGE)["id"]
+    passwords = []
+    for _ in range(2):
+        body = {
+            "server": {
+                "name": unique("pw"),
+                "flavorRef": "1",
+                "imageRef": image_id,
+                "networks": "none",
+            }
+        }
+        created = cloud.compute("POST", "/servers", json=body)
+        assert created.status_code == 202, created.text
+        server = created.json()["server"]
+        passwords.append(server["adminPass"])
+        cloud.osc("server", "delete", "--wait", server["id"])
+    assert "stowage" not in passwords
+    assert len(set(passwords)) == 2
+    assert all(len(p) >= 12 for p in passwords)
