@@ -33,6 +33,14 @@ LockoutAttempts = Annotated[
         help="Keystone's [security_compliance]: failed logins in a row that lock a user (0: off).",
     ),
 ]
+MaxBody = Annotated[
+    int,
+    typer.Option(
+        "--max-request-body-size",
+        min=1,
+        help="Largest request body in bytes; larger ones get 413 (image data is not limited).",
+    ),
+]
 LockoutDuration = Annotated[
     float,
     typer.Option(
@@ -179,6 +187,7 @@ def up(
     ] = 2,
     lockout_failure_attempts: LockoutAttempts = 0,
     lockout_duration: LockoutDuration = 1800.0,
+    max_request_body_size: MaxBody = 114688,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import uvicorn
@@ -208,6 +217,7 @@ def up(
         max_concurrent_disk_ops=max_concurrent_disk_ops,
         lockout_failure_attempts=lockout_failure_attempts,
         lockout_duration_s=lockout_duration,
+        max_request_body_size=max_request_body_size,
     )
     if topology is not None:
         from stowage.domain.errors import InvalidSpec
@@ -260,6 +270,7 @@ def api_process(
     workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
     lockout_failure_attempts: LockoutAttempts = 0,
     lockout_duration: LockoutDuration = 1800.0,
+    max_request_body_size: MaxBody = 114688,
 ) -> None:
     """Production: the APIs only (conductor and agents run as their own processes)."""
     import os
@@ -271,6 +282,7 @@ def api_process(
     cloud = _production_cloud(state_dir, db, host=host, port=port)
     os.environ["STOWAGE_API_LOCKOUT_ATTEMPTS"] = str(lockout_failure_attempts)
     os.environ["STOWAGE_API_LOCKOUT_DURATION"] = str(lockout_duration)
+    os.environ["STOWAGE_API_MAX_BODY"] = str(max_request_body_size)
     write_clouds_yaml(cloud.config)
     cloud.ledger.close()
     os.environ["STOWAGE_API_STATE_DIR"] = str(state_dir.resolve())

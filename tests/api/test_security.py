@@ -282,3 +282,118 @@ def test_each_server_gets_its_own_random_admin_password(cloud: RunningCloud) -> 
     assert "stowage" not in passwords
     assert len(set(passwords)) == 2
     assert all(len(p) >= 12 for p in passwords)
+
+
+# -- input: body sizes and media types ----------------------------------------------------------
+
+LIMIT = 114688
+
+
+def _padded(size: int) -> bytes:
+    """A JSON object of exactly `size` bytes."""
+    head = b'{"server": {"name": "x"}, "pad": "'
+    return head + b"a" * (size - len(head) - 2) + b'"}'
+
+
+def test_a_body_over_the_limit_is_a_413_before_anything_reads_it(cloud: RunningCloud) -> None:
+    token = cloud.token()
+    headers = {"Content-Type": "application/json"}
+    over = _call(
+        cloud, token, "POST", "/compute/v2.1/servers", content=_padded(LIMIT + 1), headers=headers
+    )
+    assert over.status_code == 413, over.text
+    assert over.json()["overLimit"]["code"] == 413
+    assert over.headers["x-openstack-request-id"]
+    at = _call(
+        cloud, token, "POST", "/compute/v2.1/servers", content=_padded(LIMIT), headers=headers
+    )
+    assert at.status_code == 400, at.text  # read and refused for what it says, not its size
+
+    # Without a token, on the identity API: nobody may make it parse a large body.
+    unauthenticated = httpx.post(
+        f"{cloud.base_url}/identity/v3/auth/tokens",
+        content=_padded(10 * LIMIT),
+        headers=headers,
+        timeout=30,
+    )
+    assert unauthenticated.status_code == 413
+    assert unauthenticated.json()["error"]["code"] == 413
+
+    # A chunked body says no Content-Length: it is counted as it comes.
+    def chunks() -> Any:
+        for _ in range(40):
+            yield b" " * 8192
+
+    chunked = httpx.post(
+        f"{cloud.base_url}/networking/v2.0/networks",
+        content=chunks(),
+        headers={"X-Auth-Token": token, **headers},
+        timeout=30,
+    )
+    assert chunked.status_code == 413
+    assert chunked.json()["NeutronError"]["message"].startswith("Request is too large")
+
+
+def test_image_data_is_not_limited_by_the_body_limit(cloud: RunningCloud) -> None:
+    token = cloud.token()
+    image = _call(
+        cloud,
+        token,
+        "POST",
+        "/image/v2/images",
+        json={"name": unique("big"), "disk_format": "raw", "container_format": "bare"},
+    )
+    image_id = image.json()["id"]
+    data = b"\0" * (4 * LIMIT)
+    uploaded = _call(
+        cloud,
+        token,
+        "PUT",
+        f"/image/v2/images/{image_id}/file",
+        content=data,
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    assert uploaded.status_code == 204, uploaded.text
+    assert _call(cloud, token, "GET", f"/image/v2/images/{image_id}").json()["size"] == len(data)
+    assert _call(cloud, token, "DELETE", f"/image/v2/images/{image_id}").status_code == 204
+
+
+def test_the_body_limit_is_an_option(tmp_path: Path) -> None:
+    small = start_cloud(tmp_path / "state", "--max-request-body-size", "2000")
+    try:
+        token = small.token()
+        headers = {"Content-Type": "application/json"}
+        path = "/compute/v2.1/os-keypairs"
+        refused = _call(small, token, "POST", path, content=_padded(2001), headers=headers)
+        assert refused.status_code == 413
+        body = {"keypair": {"name": "k" * 1500}}  # under the limit, refused for its name
+        answer = _call(small, token, "POST", path, json=body)
+        assert answer.status_code == 400, answer.text
+        assert "name" in answer.json()["badRequest"]["message"]
+    finally:
+        stop_cloud(small)
+
+
+def test_a_body_that_is_not_json_is_refused_as_each_service_does(cloud: RunningCloud) -> None:
+    token = cloud.token()
+    xml = {"Content-Type": "application/xml"}
+    keypair = b'{"keypair": {"name": "%s"}}' % unique("xml").encode()
+    cases = [
+        ("/compute/v2.1/os-keypairs", keypair, 415),
+        ("/networking/v2.0/networks", b'{"network": {"name": "xml"}}', 415),
+        ("/image/v2/images", b'{"name": "xml"}', 415),
+        ("/placement/traits/CUSTOM_XML", b"{}", 415),
+        ("/identity/v3/projects", b'{"project": {"name": "xml"}}', 400),  # Keystone's answer
+    ]
+    for path, body, status in cases:
+        method = "PUT" if path.startswith("/placement") else "POST"
+        answer = _call(cloud, token, method, path, content=body, headers=xml)
+        assert answer.status_code == status, (path, answer.text)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    answer = _call(cloud, token, "POST", "/compute/v2.1/os-keypairs", content=keypair, headers=form)
+    assert answer.status_code == 415
+    assert answer.json()["badMediaType"]["code"] == 415
+    # JSON in its other names still goes through.
+    vnd = {"Content-Type": "application/vnd.openstack.compute+json"}
+    answer = _call(cloud, token, "POST", "/compute/v2.1/os-keypairs", content=keypair, headers=vnd)
+    assert answer.status_code == 200, answer.text

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -25,6 +28,7 @@ from stowage.api.common import (
 from stowage.api.compute import create_compute_app
 from stowage.api.identity import create_identity_app
 from stowage.api.image import create_image_app
+from stowage.api.limits import DEFAULT_MAX_BODY, BodyLimit
 from stowage.api.network import create_network_app
 from stowage.api.placement import create_placement_app
 from stowage.services.cloud import Cloud
@@ -131,6 +135,7 @@ def production_app() -> ASGIApp:
         port=int(port),
         lockout_failure_attempts=int(os.environ.get("STOWAGE_API_LOCKOUT_ATTEMPTS", "0")),
         lockout_duration_s=float(os.environ.get("STOWAGE_API_LOCKOUT_DURATION", "1800")),
+        max_request_body_size=int(os.environ.get("STOWAGE_API_MAX_BODY", DEFAULT_MAX_BODY)),
     )
     cloud = open_cloud(config, db_url=os.environ["STOWAGE_API_DB"])
     return create_app(cloud, local_compute=False, bus_url=os.environ.get("STOWAGE_API_BUS"))
@@ -141,6 +146,9 @@ def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None 
     app = Starlette(
         lifespan=_lifespan,
         exception_handlers={HTTPException: _unrouted},
+        middleware=[
+            Middleware(BodyLimit, limit=functools.partial(_body_limit, cloud), render=_limit_error)
+        ],
         routes=[
             Route("/metrics", _metrics),
             Mount("/identity", app=create_identity_app(cloud)),
@@ -154,3 +162,13 @@ def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None 
     app.state.local_compute = local_compute
     app.state.bus_url = bus_url
     return _BarePrefix(app)
+
+
+def _body_limit(cloud: Cloud | None) -> int:
+    return cloud.config.max_request_body_size if cloud is not None else DEFAULT_MAX_BODY
+
+
+def _limit_error(path: str, status: int, message: str, request_id: str) -> dict[str, Any]:
+    """A 413 of the body limit, in the shape of the service the path names."""
+    style = _STYLES.get(path.strip("/").split("/", 1)[0], identity_error)
+    return style(status, message, None, request_id)

@@ -62,6 +62,8 @@ class CloudConfig:
     # (0: never), and for how many seconds (0: until an admin enables the user again).
     lockout_failure_attempts: int = 0
     lockout_duration_s: float = 1800.0
+    # Nova's and Keystone's max_request_body_size: larger bodies get a 413 (image data aside).
+    max_request_body_size: int = 114688
 
     @property
     def base_url(self) -> str:
