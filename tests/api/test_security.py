@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import stat
 import statistics
+import subprocess
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
-from tests.api.cloudproc import IMAGE, RunningCloud, start_cloud, stop_cloud
+import yaml
+from tests.api.cloudproc import BIN, IMAGE, RunningCloud, start_cloud, stop_cloud
 
 
 def unique(prefix: str) -> str:
@@ -397,3 +400,101 @@ def test_a_body_that_is_not_json_is_refused_as_each_service_does(cloud: RunningC
     vnd = {"Content-Type": "application/vnd.openstack.compute+json"}
     answer = _call(cloud, token, "POST", "/compute/v2.1/os-keypairs", content=keypair, headers=vnd)
     assert answer.status_code == 200, answer.text
+
+
+# -- the state directory, the metrics and the admin's credentials -------------------------------
+
+
+def test_the_state_directory_and_its_files_are_the_owners_only(cloud: RunningCloud) -> None:
+    token = cloud.token()
+    image = _call(
+        cloud,
+        token,
+        "POST",
+        "/image/v2/images",
+        json={"name": unique("private"), "disk_format": "raw", "container_format": "bare"},
+    ).json()
+    uploaded = _call(
+        cloud,
+        token,
+        "PUT",
+        f"/image/v2/images/{image['id']}/file",
+        content=b"x" * 1024,
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    assert uploaded.status_code == 204
+    assert stat.S_IMODE(cloud.state_dir.stat().st_mode) == 0o700
+    seen = {p.relative_to(cloud.state_dir).as_posix() for p in cloud.state_dir.rglob("*")}
+    assert {"ledger.db", "token.key", "clouds.yaml", f"images/{image['id']}"} <= seen
+    exposed = {
+        p.relative_to(cloud.state_dir).as_posix(): oct(stat.S_IMODE(p.stat().st_mode))
+        for p in cloud.state_dir.rglob("*")
+        if p.stat().st_mode & 0o077
+    }
+    assert exposed == {}
+    assert _call(cloud, token, "DELETE", f"/image/v2/images/{image['id']}").status_code == 204
+
+
+def test_the_metrics_are_for_an_admin_or_a_service(cloud: RunningCloud) -> None:
+    anonymous = httpx.get(f"{cloud.base_url}/metrics", timeout=30)
+    assert anonymous.status_code == 401
+    assert anonymous.headers["www-authenticate"].startswith("Keystone uri=")
+    member = cloud.token("demo", "stowage-demo", "demo")
+    assert _call(cloud, member, "GET", "/metrics").status_code == 403
+    admin = _call(cloud, cloud.token(), "GET", "/metrics")
+    assert admin.status_code == 200
+    assert "stowage_agent" in admin.text
+    bearer = httpx.get(
+        f"{cloud.base_url}/metrics",
+        headers={"Authorization": f"Bearer {cloud.token()}"},
+        timeout=30,
+    )
+    assert bearer.status_code == 200
+
+
+def _stowage(cloud: RunningCloud, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "stowage"), *args, "--state-dir", str(cloud.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _admin_auth(cloud: RunningCloud) -> dict[str, Any]:
+    clouds = yaml.safe_load((cloud.state_dir / "clouds.yaml").read_text())
+    auth: dict[str, Any] = clouds["clouds"]["stowage-admin"]["auth"]
+    return auth
+
+
+def test_the_bootstrap_password_and_an_operators_new_one_are_kept(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = start_cloud(state, "--bootstrap-password", "boot-Secret-1")
+    try:
+        assert _admin_auth(first)["password"] == "boot-Secret-1"
+        assert _login(first, "admin", "stowage-admin", "admin").status_code == 401
+        assert _login(first, "admin", "boot-Secret-1", "admin").status_code == 201
+        assert _stowage(first, "sim", "show").returncode == 0
+        first.osc("user", "set", "--password", "operator-New-2", "admin")
+        # clouds.yaml still says the old one: a clear refusal, not a traceback.
+        stale = _stowage(first, "sim", "show")
+        assert stale.returncode == 2
+        assert "401" in stale.stderr and "clouds.yaml" in stale.stderr, stale.stderr
+        assert "Traceback" not in stale.stderr
+        # The operator writes the new password into clouds.yaml.
+        clouds = yaml.safe_load((state / "clouds.yaml").read_text())
+        clouds["clouds"]["stowage-admin"]["auth"]["password"] = "operator-New-2"
+        (state / "clouds.yaml").write_text(yaml.safe_dump(clouds))
+    finally:
+        stop_cloud(first)
+    again = start_cloud(state, "--bootstrap-password", "ignored-now")
+    try:
+        auth = _admin_auth(again)
+        assert auth["password"] == "operator-New-2"  # a restart does not put the old one back
+        assert auth["auth_url"] == f"{again.base_url}/identity/v3"  # the new port
+        shown = _stowage(again, "sim", "show")
+        assert shown.returncode == 0, shown.stderr
+        assert stat.S_IMODE((state / "clouds.yaml").stat().st_mode) == 0o600
+    finally:
+        stop_cloud(again)

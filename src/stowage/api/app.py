@@ -17,13 +17,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from stowage.api.auth import context_from_token
 from stowage.api.common import (
+    ApiError,
     ErrorStyle,
     compute_error,
     identity_error,
     image_error,
     network_error,
     placement_error,
+    www_authenticate,
 )
 from stowage.api.compute import create_compute_app
 from stowage.api.identity import create_identity_app
@@ -87,13 +90,37 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
 
 
 async def _metrics(request: Request) -> Response:
-    """Prometheus metrics of the agents this process runs."""
+    """Prometheus metrics of the agents this process runs: for an admin or service token only
+    (X-Auth-Token, or `Authorization: Bearer`), not for whoever reaches the API port."""
     from stowage.agent.metrics import CONTENT_TYPE_LATEST, render
+
+    bearer = request.headers.get("authorization", "")
+    token = request.headers.get("x-auth-token") or bearer.removeprefix("Bearer ").strip()
+    refusal = _metrics_refusal(request, token)
+    if refusal is not None:
+        status, message = refusal
+        headers = www_authenticate(request) if status == 401 else {}
+        rid = f"req-{uuid.uuid4()}"
+        headers["x-openstack-request-id"] = rid
+        return JSONResponse(identity_error(status, message, None, rid), status, headers=headers)
 
     metrics = getattr(request.app.state, "metrics", None)
     if metrics is None:
         return Response(b"", media_type=CONTENT_TYPE_LATEST)
     return Response(render(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _metrics_refusal(request: Request, token: str) -> tuple[int, str] | None:
+    """Why this caller may not read the metrics (status, message), or None."""
+    if not token:
+        return 401, "The request you have made requires authentication."
+    try:
+        ctx = context_from_token(request.app.state.cloud, token)
+    except ApiError as exc:
+        return 401, exc.message
+    if not ctx.roles & {"admin", "service"}:
+        return 403, "Only an admin or a service may read the metrics."
+    return None
 
 
 _STYLES: dict[str, ErrorStyle] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 import uuid
@@ -159,10 +160,15 @@ def _token_key(state_dir: Path) -> bytes:
     path = state_dir / "token.key"
     if path.exists():
         return path.read_bytes().strip()
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = Tokens.new_key()
-    path.write_bytes(key)
-    path.chmod(0o600)
+    try:
+        # 0600 from the moment it exists; O_EXCL: of two processes starting at once, one writes.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_bytes().strip()
+    with os.fdopen(fd, "wb") as out:
+        out.write(key)
     return key
 
 
