@@ -25,6 +25,39 @@ DbUrl = Annotated[
     str | None,
     typer.Option("--db", help="Ledger database URL (sqlite:///PATH or postgresql://...)."),
 ]
+LockoutAttempts = Annotated[
+    int,
+    typer.Option(
+        "--lockout-failure-attempts",
+        min=0,
+        help="Keystone's [security_compliance]: failed logins in a row that lock a user (0: off).",
+    ),
+]
+MaxBody = Annotated[
+    int,
+    typer.Option(
+        "--max-request-body-size",
+        min=1,
+        help="Largest request body in bytes; larger ones get 413 (image data is not limited).",
+    ),
+]
+BootstrapPassword = Annotated[
+    str,
+    typer.Option(
+        "--bootstrap-password",
+        envvar="STOWAGE_BOOTSTRAP_PASSWORD",
+        help="The admin user's password when the cloud is first created (as keystone-manage "
+        "bootstrap's); ignored after that. Prefer the environment variable to the command line.",
+    ),
+]
+LockoutDuration = Annotated[
+    float,
+    typer.Option(
+        "--lockout-duration",
+        min=0,
+        help="Seconds a locked user stays locked (0: until an admin enables it again).",
+    ),
+]
 
 
 def _ledger_url(state_dir: Path, db: str | None) -> str:
@@ -111,7 +144,12 @@ def db_upgrade(state_dir: StateDir = Path(".stowage"), db: DbUrl = None) -> None
     from stowage.ledger.db import default_url
 
     if db is None:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        import os
+
+        from stowage.services.runtime import private_dir
+
+        os.umask(0o077)  # the SQLite ledger is the owner's only
+        private_dir(state_dir)
     url = db or default_url(state_dir)
     engine = make_engine(url)
     migrate(engine)
@@ -187,9 +225,17 @@ def up(
     ] = 2,
     api_wait_seconds: ApiWait = 0.0,
     max_instances_per_request: MaxPerRequest = 1000,
+    lockout_failure_attempts: LockoutAttempts = 0,
+    lockout_duration: LockoutDuration = 1800.0,
+    max_request_body_size: MaxBody = 114688,
+    bootstrap_password: BootstrapPassword = "stowage-admin",
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
+    import os
+
     import uvicorn
+
+    os.umask(0o077)  # the ledger, images, disks and keys: the owner's only, from creation
 
     from stowage.api.app import create_app
 
@@ -216,6 +262,10 @@ def up(
         max_concurrent_disk_ops=max_concurrent_disk_ops,
         api_wait_s=api_wait_seconds,
         max_instances_per_request=max_instances_per_request,
+        lockout_failure_attempts=lockout_failure_attempts,
+        lockout_duration_s=lockout_duration,
+        max_request_body_size=max_request_body_size,
+        admin_password=bootstrap_password,
     )
     if topology is not None:
         from stowage.domain.errors import InvalidSpec
@@ -268,6 +318,10 @@ def api_process(
     workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
     api_wait_seconds: ApiWait = 0.0,
     max_instances_per_request: MaxPerRequest = 1000,
+    lockout_failure_attempts: LockoutAttempts = 0,
+    lockout_duration: LockoutDuration = 1800.0,
+    max_request_body_size: MaxBody = 114688,
+    bootstrap_password: BootstrapPassword = "stowage-admin",
 ) -> None:
     """Production: the APIs only (conductor and agents run as their own processes)."""
     import os
@@ -276,7 +330,13 @@ def api_process(
 
     from stowage.services.runtime import write_clouds_yaml
 
-    cloud = _production_cloud(state_dir, db, host=host, port=port)
+    os.umask(0o077)
+    cloud = _production_cloud(
+        state_dir, db, host=host, port=port, admin_password=bootstrap_password
+    )
+    os.environ["STOWAGE_API_LOCKOUT_ATTEMPTS"] = str(lockout_failure_attempts)
+    os.environ["STOWAGE_API_LOCKOUT_DURATION"] = str(lockout_duration)
+    os.environ["STOWAGE_API_MAX_BODY"] = str(max_request_body_size)
     write_clouds_yaml(cloud.config)
     cloud.ledger.close()
     os.environ["STOWAGE_API_STATE_DIR"] = str(state_dir.resolve())
@@ -397,7 +457,16 @@ def _admin_session(state_dir: Path) -> tuple[str, dict[str, str]]:
     except httpx.HTTPError as exc:
         err.print(f"[red]The cloud at {auth['auth_url']} does not answer[/red]: {exc}")
         raise typer.Exit(2) from None
-    response.raise_for_status()
+    if response.status_code == 401:
+        err.print(
+            f"[red]The cloud refused the credentials of {auth['username']} in {path} (401)"
+            "[/red]: if the password was changed (openstack user set --password), put the new "
+            "one in the stowage-admin entry of that file."
+        )
+        raise typer.Exit(2)
+    if response.status_code >= 400:
+        err.print(f"[red]Login failed ({response.status_code})[/red]: {response.text[:300]}")
+        raise typer.Exit(2)
     base = auth["auth_url"].rsplit("/identity", 1)[0]
     return f"{base}/compute/v2.1", {"X-Auth-Token": response.headers["x-subject-token"]}
 

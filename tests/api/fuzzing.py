@@ -26,6 +26,7 @@ from stowage.services.cloud import Cloud, CloudConfig
 from stowage.services.runtime import open_cloud
 
 __all__ = [
+    "MAX_BODY",
     "Endpoint",
     "Harness",
     "Sent",
@@ -718,8 +719,25 @@ def _content_types(endpoint: Endpoint) -> st.SearchStrategy[str | None]:
         "text/plain",
         "application/x-www-form-urlencoded",
         "application/json; charset=latin-1",
+        "application/xml",
+        "multipart/form-data; boundary=x",
     ]
     return _weighted((6, st.sampled_from(usual)), (1, st.sampled_from(odd)))
+
+
+MAX_BODY = 114688  # what start_harness's cloud allows (CloudConfig's default)
+_NOT_JSON = ("application/x-www-form-urlencoded", "application/xml", "multipart/form-data")
+
+
+def _sized(size: int) -> bytes:
+    """A JSON object of exactly `size` bytes."""
+    head = b'{"pad": "'
+    return head + b"a" * (size - len(head) - 2) + b'"}'
+
+
+def _exempt_from_body_rules(sent: Sent) -> bool:
+    """Image data streams to disk as octet-stream: no size limit, no JSON."""
+    return sent.endpoint.service == "image" and sent.endpoint.route.endswith(("/file", "/stage"))
 
 
 def _encode(value: Any) -> bytes:
@@ -733,6 +751,8 @@ def _bodies(templates: list[Any]) -> st.SearchStrategy[bytes | None]:
         st.binary(max_size=40),
         st.sampled_from([b'{"a": NaN}', b"Infinity", b"-Infinity", b'{"a":1e999}']),
         st.just(b"[" * 2000 + b"]" * 2000),
+        # Just over and just under the body limit (Nova's and Keystone's 114688 bytes).
+        st.sampled_from([MAX_BODY + 1, MAX_BODY, 4 * MAX_BODY]).map(_sized),
     )
     anything = st.one_of(
         st.none(),
@@ -871,6 +891,13 @@ def check_response(sent: Sent, response: httpx.Response) -> None:
     where = f"\n{sent}\n  -> {status} {response.text[:600]}"
     # 501 is an answer, not a crash: Nova says it for what a driver does not do (os-hosts).
     assert status < 500 or status == 501, f"server error{where}"
+    if sent.content and not _exempt_from_body_rules(sent):
+        media = sent.headers.get("Content-Type", "")
+        if len(sent.content) > MAX_BODY:
+            assert status == 413, f"a body over the limit not refused with 413{where}"
+        elif media.startswith(_NOT_JSON):
+            wanted = 400 if sent.endpoint.service == "identity" else 415
+            assert status == wanted, f"a {media} body not refused with {wanted}{where}"
     assert response.headers.get("x-openstack-request-id"), f"no request id{where}"
     if 400 <= status <= 501 and sent.method != "HEAD":
         try:

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from tests.api.fuzz_templates import image_patches, server_actions
 from tests.api.fuzzing import (
+    MAX_BODY,
     Endpoint,
     Harness,
     Sent,
@@ -183,3 +184,50 @@ def test_requests_that_once_crashed_get_a_4xx(
     response = harness.send(sent)
     assert 400 <= response.status_code < 500, response.text
     check_response(sent, response)
+
+
+def _walked(endpoint: Endpoint) -> str:
+    path = endpoint.path
+    for param in endpoint.params:
+        path = path.replace(f"{{{param}}}", "x", 1)
+    return path
+
+
+_EVERY_BODY_ROUTE = [
+    e
+    for e in ROUTES
+    if e.method in ("POST", "PUT", "PATCH")
+    and not (e.service == "image" and e.route.endswith(("/file", "/stage")))
+]
+
+
+@pytest.mark.parametrize(
+    ("size", "media"),
+    [
+        pytest.param(MAX_BODY + 1, "application/json", id="one-byte-over"),
+        pytest.param(50 * MAX_BODY, "application/json", id="far-over"),
+        pytest.param(100, "application/xml", id="xml"),
+        pytest.param(100, "application/x-www-form-urlencoded", id="form"),
+    ],
+)
+def test_every_route_refuses_large_and_non_json_bodies(
+    harness: Harness, size: int, media: str
+) -> None:
+    """Every route that takes a body, with and without a token: too large is 413, not JSON is
+    415 (Keystone: 400), before the handler runs."""
+    head = b'{"pad": "'
+    content = head + b"a" * (size - len(head) - 2) + b'"}'
+    wrong = []
+    for endpoint in _EVERY_BODY_ROUTE:
+        for token in (harness.tokens["admin"], None):
+            headers = {"Content-Type": media, "OpenStack-API-Version": "placement latest"}
+            if token is not None:
+                headers["X-Auth-Token"] = token
+            path = _walked(endpoint)
+            sent = Sent(endpoint, endpoint.method, path, headers, content)
+            response = harness.send(sent)
+            check_response(sent, response)
+            wanted = 413 if size > MAX_BODY else 400 if endpoint.service == "identity" else 415
+            if response.status_code != wanted:
+                wrong.append(f"{endpoint} token={token is not None}: {response.status_code}")
+    assert not wrong, wrong

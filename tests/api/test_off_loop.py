@@ -74,7 +74,9 @@ def test_a_request_is_handled_off_the_loop_and_the_lag_is_exported(tmp_path: Pat
         for thread in threads:
             thread.join()
         assert flavors.status_code == 200 and seen == [401] * 6
-        metrics = httpx.get(f"{cloud.base_url}/metrics").text
+        metrics = httpx.get(
+            f"{cloud.base_url}/metrics", headers={"X-Auth-Token": cloud.token()}
+        ).text
         assert "stowage_api_loop_lag_max_seconds" in metrics
         assert "stowage_api_loop_stalls_total" in metrics
     finally:

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from stowage.api.auth import context_from_token
 from stowage.api.common import (
+    ApiError,
     ErrorStyle,
     compute_error,
     identity_error,
@@ -23,10 +27,12 @@ from stowage.api.common import (
     network_error,
     placement_error,
     run_off_loop,
+    www_authenticate,
 )
 from stowage.api.compute import create_compute_app
 from stowage.api.identity import create_identity_app
 from stowage.api.image import create_image_app
+from stowage.api.limits import DEFAULT_MAX_BODY, BodyLimit
 from stowage.api.network import create_network_app
 from stowage.api.placement import create_placement_app
 from stowage.services.cloud import Cloud
@@ -118,9 +124,20 @@ def _api_watchdog(app: Starlette) -> Any:
 
 
 async def _metrics(request: Request) -> Response:
-    """Prometheus metrics of the API process and of the agents it runs."""
+    """Prometheus metrics of the API process and of the agents it runs: for an admin or
+    service token only (X-Auth-Token, or `Authorization: Bearer`), not for whoever reaches
+    the API port."""
     from stowage.agent.metrics import CONTENT_TYPE_LATEST, render
 
+    bearer = request.headers.get("authorization", "")
+    token = request.headers.get("x-auth-token") or bearer.removeprefix("Bearer ").strip()
+    refusal = await asyncio.to_thread(_metrics_refusal, request, token)
+    if refusal is not None:
+        status, message = refusal
+        headers = www_authenticate(request) if status == 401 else {}
+        rid = f"req-{uuid.uuid4()}"
+        headers["x-openstack-request-id"] = rid
+        return JSONResponse(identity_error(status, message, None, rid), status, headers=headers)
     parts = []
     registry = getattr(request.app.state, "api_registry", None)
     if registry is not None:
@@ -129,6 +146,19 @@ async def _metrics(request: Request) -> Response:
     if metrics is not None:
         parts.append(render(metrics.registry))
     return Response(b"".join(parts), media_type=CONTENT_TYPE_LATEST)
+
+
+def _metrics_refusal(request: Request, token: str) -> tuple[int, str] | None:
+    """Why this caller may not read the metrics (status, message), or None."""
+    if not token:
+        return 401, "The request you have made requires authentication."
+    try:
+        ctx = context_from_token(request.app.state.cloud, token)
+    except ApiError as exc:
+        return 401, exc.message
+    if not ctx.roles & {"admin", "service"}:
+        return 403, "Only an admin or a service may read the metrics."
+    return None
 
 
 _STYLES: dict[str, ErrorStyle] = {
@@ -170,6 +200,9 @@ def production_app() -> ASGIApp:
         port=int(port),
         api_wait_s=float(os.environ.get("STOWAGE_API_WAIT", "0")),
         max_instances_per_request=int(os.environ.get("STOWAGE_API_MAX_PER_REQUEST", "1000")),
+        lockout_failure_attempts=int(os.environ.get("STOWAGE_API_LOCKOUT_ATTEMPTS", "0")),
+        lockout_duration_s=float(os.environ.get("STOWAGE_API_LOCKOUT_DURATION", "1800")),
+        max_request_body_size=int(os.environ.get("STOWAGE_API_MAX_BODY", DEFAULT_MAX_BODY)),
     )
     cloud = open_cloud(config, db_url=os.environ["STOWAGE_API_DB"])
     return create_app(cloud, local_compute=False, bus_url=os.environ.get("STOWAGE_API_BUS"))
@@ -189,6 +222,9 @@ def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None 
     app = Starlette(
         lifespan=_lifespan,
         exception_handlers={HTTPException: _unrouted},
+        middleware=[
+            Middleware(BodyLimit, limit=functools.partial(_body_limit, cloud), render=_limit_error)
+        ],
         routes=[
             Route("/metrics", _metrics),
             *(Mount(prefix, app=service) for prefix, service in services.items()),
@@ -198,3 +234,13 @@ def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None 
     app.state.local_compute = local_compute
     app.state.bus_url = bus_url
     return _BarePrefix(app)
+
+
+def _body_limit(cloud: Cloud | None) -> int:
+    return cloud.config.max_request_body_size if cloud is not None else DEFAULT_MAX_BODY
+
+
+def _limit_error(path: str, status: int, message: str, request_id: str) -> dict[str, Any]:
+    """A 413 of the body limit, in the shape of the service the path names."""
+    style = _STYLES.get(path.strip("/").split("/", 1)[0], identity_error)
+    return style(status, message, None, request_id)

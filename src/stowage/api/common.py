@@ -36,6 +36,7 @@ __all__ = [
     "on_loop",
     "parse_limit",
     "run_off_loop",
+    "www_authenticate",
 ]
 
 
@@ -167,6 +168,8 @@ def install_common(app: FastAPI, style: ErrorStyle, *, extra_headers: bool = Fal
         headers: dict[str, str] | None = None,
     ) -> JSONResponse:
         request_id = getattr(request.state, "request_id", "")
+        if status == 401:
+            headers = {**(headers or {}), **www_authenticate(request)}
         return JSONResponse(
             style(status, message, code, request_id), status_code=status, headers=headers
         )
@@ -211,6 +214,13 @@ def install_common(app: FastAPI, style: ErrorStyle, *, extra_headers: bool = Fal
             f"Invalid input for field/attribute {where}: {first.get('msg', 'invalid')}",
             None,
         )
+
+
+def www_authenticate(request: Request) -> dict[str, str]:
+    """Where to authenticate, on every 401 (as keystonemiddleware and Keystone answer)."""
+    cloud = getattr(request.app.state, "cloud", None)
+    base = cloud.config.base_url if cloud is not None else str(request.base_url).rstrip("/")
+    return {"WWW-Authenticate": f'Keystone uri="{base}/identity"'}
 
 
 def parse_limit(raw: str | None, *, maximum: int) -> int | None:

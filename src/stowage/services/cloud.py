@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 import uuid
@@ -59,6 +60,12 @@ class CloudConfig:
     sim_step_s: float = 0.0  # latency of every simulated hypervisor step
     max_concurrent_disk_ops: int = 2  # per agent, like Nova's option of the same name
     max_instances_per_request: int = 1000  # a create's max_count is cut to this, like a quota
+    # Keystone's [security_compliance]: failed password logins in a row that lock an account
+    # (0: never), and for how many seconds (0: until an admin enables the user again).
+    lockout_failure_attempts: int = 0
+    lockout_duration_s: float = 1800.0
+    # Nova's and Keystone's max_request_body_size: larger bodies get a 413 (image data aside).
+    max_request_body_size: int = 114688
 
     @property
     def base_url(self) -> str:
@@ -154,10 +161,15 @@ def _token_key(state_dir: Path) -> bytes:
     path = state_dir / "token.key"
     if path.exists():
         return path.read_bytes().strip()
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = Tokens.new_key()
-    path.write_bytes(key)
-    path.chmod(0o600)
+    try:
+        # 0600 from the moment it exists; O_EXCL: of two processes starting at once, one writes.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_bytes().strip()
+    with os.fdopen(fd, "wb") as out:
+        out.write(key)
     return key
 
 

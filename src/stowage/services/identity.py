@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -50,6 +51,15 @@ _NAME_CLAIM = "identity_name"
 _CLAIM_STALE_S = 60.0  # a claim whose object never came is free after this long
 _ISSUED = "issued_token"  # audit id -> user and project, until the token expires
 _REVOKED = "revoked_token"  # what api.auth checks on every request
+_FAILURES = "auth_failures"  # user id -> failed password logins in a row, and the last one's time
+_UNAUTHENTICATED = "The request you have made requires authentication."
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """A hash to check a password against when there is no user: every failed login costs
+    the same, so the time of an answer does not tell which user names exist."""
+    return hash_password(uuid.uuid4().hex)
 
 
 class Forbidden(StowageError):
@@ -534,6 +544,8 @@ class IdentityDirectory:
                 body["name"] = check_name("user", value)
             elif key == "enabled":
                 body["enabled"] = check_bool("enabled", value)
+                if value:
+                    self.objects.delete(_FAILURES, doc.id)  # enabling unlocks, as in Keystone
             elif key == "password":
                 password = check_password(value)
                 body["password_hash"] = hash_password(password) if password is not None else ""
@@ -574,6 +586,7 @@ class IdentityDirectory:
     def _remove_user(self, doc: Document) -> None:
         # The user goes first: its tokens stop working at once (auth refuses missing users).
         self._delete_named("user", doc)
+        self.objects.delete(_FAILURES, doc.id)
         for grant in self.grants(user_id=doc.id):
             self.objects.delete("assignment", grant.id)
         self.revoke_tokens(user_id=doc.id)
@@ -806,6 +819,59 @@ class IdentityDirectory:
         return revoked
 
     # -- authentication -----------------------------------------------------------------
+
+    def password_login(self, user: Document | None, password: str) -> Document:
+        """The user whose password this is, or Unauthorized. Always one password hash's work;
+        with `[security_compliance] lockout_failure_attempts` set, that many failures in a row
+        lock the account for `lockout_duration` seconds (0: until an admin enables it again),
+        unless the user has the option `ignore_lockout_failure_attempts`."""
+        if user is None:
+            verify_password(password, _dummy_hash())
+            raise Unauthorized(_UNAUTHENTICATED)
+        stored = str(user.body.get("password_hash") or "")
+        if self._locked(user):
+            verify_password(password, _dummy_hash())
+            raise Unauthorized(f"The account is locked for user: {user.id}.")
+        if not (verify_password(password, stored or _dummy_hash()) and stored):
+            self._record_failure(user)
+            raise Unauthorized(_UNAUTHENTICATED)
+        if self.objects.find(_FAILURES, user.id) is not None:
+            self.objects.delete(_FAILURES, user.id)
+        return user
+
+    def _lockout_applies(self, user: Document) -> bool:
+        options = user.body.get("options") or {}
+        attempts = self.cloud.config.lockout_failure_attempts
+        return attempts > 0 and options.get("ignore_lockout_failure_attempts") is not True
+
+    def _locked(self, user: Document) -> bool:
+        if not self._lockout_applies(user):
+            return False
+        failures = self.objects.find(_FAILURES, user.id)
+        if failures is None:
+            return False
+        if int(failures.body.get("count", 0)) < self.cloud.config.lockout_failure_attempts:
+            return False
+        duration = self.cloud.config.lockout_duration_s
+        if duration > 0 and self.cloud.clock() >= float(failures.body.get("at", 0.0)) + duration:
+            self.objects.delete(_FAILURES, user.id)  # the lockout is over: count afresh
+            return False
+        return True
+
+    def _record_failure(self, user: Document) -> None:
+        if not self._lockout_applies(user):
+            return
+        for _ in range(20):  # concurrent failures each count: compare-and-swap the counter
+            now = self.cloud.clock()
+            current = self.objects.find(_FAILURES, user.id)
+            if current is None:
+                with contextlib.suppress(ConflictError):
+                    self.objects.create(_FAILURES, user.id, {"count": 1, "at": now})
+                    return
+                continue
+            new = {"count": int(current.body.get("count", 0)) + 1, "at": now}
+            if self.objects.swap(_FAILURES, user.id, current.body, new):
+                return
 
     def check_user_may_log_in(self, user: Document) -> None:
         if not user.body.get("enabled", True):

@@ -193,7 +193,7 @@ def _iso(ts: float) -> str:
 
 def images_dir(cloud: Cloud) -> Path:
     path = cloud.config.state_dir / "images"
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 
@@ -731,7 +731,8 @@ class Upload:
         self.cloud = cloud
         self.image_id = image_id
         self.tmp = images_dir(cloud) / f".{image_id}.{uuid.uuid4().hex}.part"
-        self._file: BinaryIO | None = self.tmp.open("xb")
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._file: BinaryIO | None = os.fdopen(fd, "wb")
         self._md5 = hashlib.md5(usedforsecurity=False)
         self._hash = hashlib.new(HASH_ALGO)
         self._head = bytearray()

@@ -56,6 +56,13 @@ class TokenPayload:
     expires_at: float
     audit_id: str
     methods: tuple[str, ...] = ("password",)
+    # The first token of a chain of rescopings (Keystone's audit_chain_id); empty for the first.
+    audit_chain_id: str = ""
+
+    @property
+    def audit_ids(self) -> list[str]:
+        """Keystone's `audit_ids`: this token's, then its chain's when it was rescoped."""
+        return [self.audit_id, self.audit_chain_id] if self.audit_chain_id else [self.audit_id]
 
 
 class Tokens:
@@ -73,17 +80,26 @@ class Tokens:
         return Fernet.generate_key()
 
     def issue(
-        self, user_id: str, project_id: str, roles: tuple[str, ...], *, methods: tuple[str, ...]
+        self,
+        user_id: str,
+        project_id: str,
+        roles: tuple[str, ...],
+        *,
+        methods: tuple[str, ...],
+        parent: TokenPayload | None = None,
     ) -> tuple[str, TokenPayload]:
+        """A new token; one rescoped from `parent` keeps its expiry and joins its audit chain,
+        so a token cannot be renewed for ever by rescoping it (as in Keystone)."""
         now = self.clock()
         payload = TokenPayload(
             user_id=user_id,
             project_id=project_id,
             roles=roles,
             issued_at=now,
-            expires_at=now + self.ttl_s,
+            expires_at=now + self.ttl_s if parent is None else parent.expires_at,
             audit_id=secrets.token_urlsafe(16),
             methods=methods,
+            audit_chain_id="" if parent is None else parent.audit_chain_id or parent.audit_id,
         )
         raw = json.dumps(
             {
@@ -94,6 +110,7 @@ class Tokens:
                 "e": payload.expires_at,
                 "a": payload.audit_id,
                 "m": list(payload.methods),
+                "c": payload.audit_chain_id,
             }
         ).encode()
         return self._fernet.encrypt(raw).decode(), payload
@@ -112,6 +129,7 @@ class Tokens:
             expires_at=data["e"],
             audit_id=data["a"],
             methods=tuple(data.get("m", ["password"])),
+            audit_chain_id=str(data.get("c", "")),
         )
         if payload.expires_at <= self.clock():
             raise TokenError("The token has expired.")

@@ -40,10 +40,13 @@ _METADATA_MAX = 128
 T = TypeVar("T")
 
 
-def _proxied(request: Request) -> Context:
+def _proxied(request: Request, *, write: bool = False) -> Context:
     ctx = require_context(request)
     if mv(request) >= (2, 36):
         raise ApiError(404, "The resource could not be found.")
+    if write and not ctx.can_write:
+        # The image service refuses a reader's change; its proxy may not make it either.
+        raise ApiError(403, "Policy does not allow this action: the reader role can only read.")
     return ctx
 
 
@@ -217,7 +220,7 @@ async def show_image(image_id: str, request: Request) -> JSONResponse:
 
 @router.delete("/images/{image_id}")
 async def delete_image(image_id: str, request: Request) -> Response:
-    ctx = _proxied(request)
+    ctx = _proxied(request, write=True)
     await _call(image_service.delete_image, cloud_of(request), ctx, image_id)
     return Response(status_code=204)
 
@@ -268,7 +271,7 @@ async def list_metadata(image_id: str, request: Request) -> JSONResponse:
 
 @router.post("/images/{image_id}/metadata")
 async def update_metadata(image_id: str, request: Request) -> JSONResponse:
-    ctx = _proxied(request)
+    ctx = _proxied(request, write=True)
     wanted = _metadata_of(await json_body(request), "metadata")
     body = await _set_properties(request, ctx, image_id, wanted, replace=False)
     return JSONResponse({"metadata": _shown_metadata(body)})
@@ -276,7 +279,7 @@ async def update_metadata(image_id: str, request: Request) -> JSONResponse:
 
 @router.put("/images/{image_id}/metadata")
 async def replace_metadata(image_id: str, request: Request) -> JSONResponse:
-    ctx = _proxied(request)
+    ctx = _proxied(request, write=True)
     wanted = _metadata_of(await json_body(request), "metadata")
     body = await _set_properties(request, ctx, image_id, wanted, replace=True)
     return JSONResponse({"metadata": _shown_metadata(body)})
@@ -294,7 +297,7 @@ async def show_metadata_item(image_id: str, key: str, request: Request) -> JSONR
 
 @router.put("/images/{image_id}/metadata/{key}")
 async def set_metadata_item(image_id: str, key: str, request: Request) -> JSONResponse:
-    ctx = _proxied(request)
+    ctx = _proxied(request, write=True)
     wanted = _metadata_of(await json_body(request), "meta")
     if list(wanted) != [key]:
         raise ApiError(400, "Request body and URI mismatch")
@@ -304,7 +307,7 @@ async def set_metadata_item(image_id: str, key: str, request: Request) -> JSONRe
 
 @router.delete("/images/{image_id}/metadata/{key}")
 async def delete_metadata_item(image_id: str, key: str, request: Request) -> Response:
-    ctx = _proxied(request)
+    ctx = _proxied(request, write=True)
     body = await _call(image_service.get_image, cloud_of(request), ctx, image_id)
     if key not in image_service.properties_of(body):
         raise ApiError(404, f"Image {image_id} has no metadata item {key}.")

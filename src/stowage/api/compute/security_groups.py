@@ -26,10 +26,13 @@ T = TypeVar("T")
 _TEXT_MAX = 255
 
 
-def _proxied(request: Request) -> Context:
+def _proxied(request: Request, *, write: bool = False) -> Context:
     ctx = require_context(request)
     if mv(request) >= (2, 36):
         raise ApiError(404, "The resource could not be found.")
+    if write and not ctx.can_write:
+        # The network service refuses a reader's change; its proxy may not make it either.
+        raise ApiError(403, "Policy does not allow this action: the reader role can only read.")
     return ctx
 
 
@@ -118,7 +121,7 @@ async def list_groups(request: Request) -> JSONResponse:
 
 @router.post("/os-security-groups")
 async def create_group(request: Request) -> JSONResponse:
-    ctx = _proxied(request)
+    ctx = _proxied(request, write=True)
     attrs = _group_attrs(await json_body(request), create=True)
     group = await _call(net.create_security_group, cloud_of(request), ctx, attrs)
     groups = await _call(_all_groups, request, ctx)
@@ -135,7 +138,7 @@ async def show_group(group_id: str, request: Request) -> JSONResponse:
 
 @router.put("/os-security-groups/{group_id}")
 async def update_group(group_id: str, request: Request) -> JSONResponse:
-    ctx = _proxied(request)
+    ctx = _proxied(request, write=True)
     attrs = _group_attrs(await json_body(request), create=False)
     cloud = cloud_of(request)
     group = await _call(net.update_security_group, cloud, ctx, _check_id(group_id), attrs)
@@ -145,7 +148,7 @@ async def update_group(group_id: str, request: Request) -> JSONResponse:
 
 @router.delete("/os-security-groups/{group_id}")
 async def delete_group(group_id: str, request: Request) -> Response:
-    ctx = _proxied(request)
+    ctx = _proxied(request, write=True)
     await _call(net.delete_security_group, cloud_of(request), ctx, _check_id(group_id))
     return Response(status_code=202)
 
@@ -198,7 +201,7 @@ def _rule_attrs(payload: Any) -> dict[str, Any]:
 
 @router.post("/os-security-group-rules")
 async def create_rule(request: Request) -> JSONResponse:
-    ctx = _proxied(request)
+    ctx = _proxied(request, write=True)
     attrs = _rule_attrs(await json_body(request))
     rule = await _call(net.create_security_group_rule, cloud_of(request), ctx, attrs)
     groups = await _call(_all_groups, request, ctx)
@@ -207,7 +210,7 @@ async def create_rule(request: Request) -> JSONResponse:
 
 @router.delete("/os-security-group-rules/{rule_id}")
 async def delete_rule(rule_id: str, request: Request) -> Response:
-    ctx = _proxied(request)
+    ctx = _proxied(request, write=True)
     await _call(net.delete_security_group_rule, cloud_of(request), ctx, rule_id)
     return Response(status_code=202)
 

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from stowage.api.auth import cloud_of, require_admin, require_context
+from stowage.api.auth import cloud_of, require_admin, require_context, require_writer
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.microversion import mv
 from stowage.api.compute.servers import load_server
@@ -146,7 +146,7 @@ async def show_password(server_id: str, request: Request) -> JSONResponse:
 
 @router.delete("/servers/{server_id}/os-server-password")
 async def clear_password(server_id: str, request: Request) -> Response:
-    ctx = require_context(request)
+    ctx = require_writer(request)
     cloud = cloud_of(request)
     doc = load_server(cloud, ctx, server_id)
     if doc.body.get("password"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 from datetime import UTC, datetime
 from typing import Any
 
@@ -334,7 +335,7 @@ async def create_server(request: Request) -> JSONResponse:
             "links": _links(request, "servers", first["id"]),
             "OS-DCF:diskConfig": "MANUAL",
             "security_groups": [{"name": n} for n in first["security_groups"]],
-            "adminPass": payload["server"].get("adminPass") or "stowage",
+            "adminPass": payload["server"].get("adminPass") or secrets.token_urlsafe(9),
         }
     }
     if payload["server"].get("return_reservation_id"):
@@ -607,7 +608,7 @@ async def _rebuild(request: Request, ctx: Context, doc: Document, args: Any) -> 
     record_action(cloud, doc.id, "rebuild", ctx.user_id, ctx.project_id, request.state.request_id)
     await settled(cloud, [doc.id])
     updated = cloud.objects.get("instance", doc.id)
-    password = str(args.get("adminPass") or "stowage")
+    password = str(args.get("adminPass") or secrets.token_urlsafe(9))
     view = action_view(
         server_view(request, ctx, updated), mv(request), rebuild=True, admin_pass=password
     )

@@ -8,7 +8,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import identity_error, install_common
+from stowage.api.common import identity_error, install_common, www_authenticate
 from stowage.api.identity import grants, resources, tokens
 from stowage.api.identity.views import iso
 from stowage.services.cloud import Cloud
@@ -58,7 +58,11 @@ def create_identity_app(cloud: Cloud) -> FastAPI:
 
     @app.exception_handler(Unauthorized)
     async def _unauthorized(request: Request, exc: Unauthorized) -> JSONResponse:
-        return JSONResponse(identity_error(401, exc.message, exc.code, ""), status_code=401)
+        return JSONResponse(
+            identity_error(401, exc.message, exc.code, ""),
+            status_code=401,
+            headers=www_authenticate(request),
+        )
 
     app.include_router(discovery)
     app.include_router(tokens.router)

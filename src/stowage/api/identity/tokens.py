@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -34,20 +35,27 @@ def _domain_id(cloud: Cloud, ref: Any) -> str:
         raise ApiError(401, _UNAUTHORIZED) from None
 
 
-def _resolve_user(cloud: Cloud, ref: Any) -> Document:
+def _resolve_user(cloud: Cloud, ref: Any) -> Document | None:
+    """The user a password login names, or None when there is none (the caller still hashes
+    the password, so that the answer's time does not tell)."""
     if not isinstance(ref, dict) or not (ref.get("id") or ref.get("name")):
         raise ApiError(400, "Invalid input for field 'identity/password/user': name or id required")
     if ref.get("id"):
-        user = cloud.objects.find("user", str(ref["id"]))
-    else:
+        return cloud.objects.find("user", str(ref["id"]))
+    try:
         domain_id = _domain_id(cloud, ref.get("domain"))
-        try:
-            user = cloud.find_by_name("user", str(ref["name"]), domain_id=domain_id)
-        except NotFound:
-            user = None
-    if user is None:
-        raise ApiError(401, _UNAUTHORIZED)
-    return user
+        return cloud.find_by_name("user", str(ref["name"]), domain_id=domain_id)
+    except (ApiError, NotFound):
+        return None
+
+
+def _password_user(cloud: Cloud, ref: Any) -> Document:
+    user = _resolve_user(cloud, ref)
+    assert isinstance(ref, dict)  # _resolve_user refuses anything else
+    password = ref.get("password", "")
+    if not isinstance(password, str):
+        raise ApiError(400, "Invalid input for field 'identity/password/user/password'")
+    return IdentityDirectory(cloud).password_login(user, password)
 
 
 def _resolve_project(cloud: Cloud, scope: Any, user: Document) -> Document:
@@ -82,7 +90,13 @@ def _domain_ref(cloud: Cloud, domain_id: str) -> dict[str, str]:
     return {"id": domain_id, "name": domain.name or "" if domain is not None else ""}
 
 
-def token_body(cloud: Cloud, ctx: Context, issued_at: float, methods: list[str]) -> dict[str, Any]:
+def token_body(
+    cloud: Cloud,
+    ctx: Context,
+    issued_at: float,
+    methods: list[str],
+    audit_ids: list[str] | None = None,
+) -> dict[str, Any]:
     user = cloud.objects.find("user", ctx.user_id)
     project = cloud.objects.find("project", ctx.project_id)
     user_domain = str(user.body.get("domain_id", DEFAULT_DOMAIN)) if user else DEFAULT_DOMAIN
@@ -95,7 +109,7 @@ def token_body(cloud: Cloud, ctx: Context, issued_at: float, methods: list[str])
             "methods": methods,
             "expires_at": iso(ctx.expires_at),
             "issued_at": iso(issued_at),
-            "audit_ids": [ctx.audit_id],
+            "audit_ids": audit_ids or [ctx.audit_id],
             "user": {
                 "id": ctx.user_id,
                 "name": ctx.user_name,
@@ -125,17 +139,21 @@ async def issue_token(request: Request) -> JSONResponse:
     except (KeyError, TypeError):
         raise ApiError(400, "Invalid input for field 'auth/identity': required") from None
     scope = body["auth"].get("scope")
+    parent = None
     if "password" in methods:
         password = identity.get("password")
         ref = password.get("user") if isinstance(password, dict) else None
-        user = _resolve_user(cloud, ref)
-        assert isinstance(ref, dict)  # _resolve_user refuses anything else
-        if cloud.authenticate(user.id, str(ref.get("password", ""))) is None:
-            raise ApiError(401, _UNAUTHORIZED)
+        try:
+            # scrypt takes tens of milliseconds: off the event loop.
+            user = await asyncio.to_thread(_password_user, cloud, ref)
+        except Unauthorized as exc:
+            raise ApiError(401, exc.message) from None
     elif "token" in methods:
         token_ref = identity.get("token")
         token_id = token_ref.get("id", "") if isinstance(token_ref, dict) else ""
         user = cloud.objects.get("user", context_from_token(cloud, str(token_id)).user_id)
+        # A rescoped token expires with its parent and carries its audit chain (Keystone's).
+        parent = cloud.tokens.validate(str(token_id))
     else:
         raise ApiError(401, f"Unsupported authentication methods: {methods}")
     try:
@@ -147,41 +165,51 @@ async def issue_token(request: Request) -> JSONResponse:
     roles = cloud.roles_of(user.id, project.id)
     if not roles:
         raise ApiError(401, f"The user {user.id} has no role on project {project.id}.")
-    token, payload = cloud.tokens.issue(user.id, project.id, roles, methods=tuple(methods))
+    token, payload = cloud.tokens.issue(
+        user.id, project.id, roles, methods=tuple(methods), parent=parent
+    )
     directory.record_token(payload.audit_id, user.id, project.id, payload.expires_at)
     ctx = context_from_token(cloud, token)
     return JSONResponse(
-        token_body(cloud, ctx, payload.issued_at, methods),
+        token_body(cloud, ctx, payload.issued_at, methods, payload.audit_ids),
         status_code=201,
         headers={"X-Subject-Token": token},
     )
 
 
+def _subject(request: Request, action: str) -> Context:
+    """The token in X-Subject-Token, when the caller may see it: Keystone's policy for
+    identity:validate_token, check_token and revoke_token allows admin, service or the
+    token's own user."""
+    cloud = cloud_of(request)
+    caller = require_context(request)
+    subject = context_from_token(cloud, request.headers.get("x-subject-token", ""))
+    if not (caller.roles & {"admin", "service"} or caller.user_id == subject.user_id):
+        raise ApiError(403, f"You are not authorized to perform the requested action: {action}.")
+    return subject
+
+
 @router.get("/v3/auth/tokens")
 async def validate_token(request: Request) -> JSONResponse:
     cloud = cloud_of(request)
-    require_context(request)
-    subject = context_from_token(cloud, request.headers.get("x-subject-token", ""))
+    subject = _subject(request, "identity:validate_token")
     payload = cloud.tokens.validate(subject.token)
     return JSONResponse(
-        token_body(cloud, subject, payload.issued_at, list(payload.methods)),
+        token_body(cloud, subject, payload.issued_at, list(payload.methods), payload.audit_ids),
         headers={"X-Subject-Token": subject.token},
     )
 
 
 @router.head("/v3/auth/tokens")
 async def check_token(request: Request) -> Response:
-    cloud = cloud_of(request)
-    require_context(request)
-    context_from_token(cloud, request.headers.get("x-subject-token", ""))
+    _subject(request, "identity:check_token")
     return Response(status_code=200)
 
 
 @router.delete("/v3/auth/tokens")
 async def revoke_token(request: Request) -> Response:
     cloud = cloud_of(request)
-    require_context(request)
-    subject = context_from_token(cloud, request.headers.get("x-subject-token", ""))
+    subject = _subject(request, "identity:revoke_token")
     cloud.objects.put("revoked_token", subject.audit_id, {"expires_at": subject.expires_at})
     return Response(status_code=204)
 
