@@ -83,9 +83,15 @@ async def run_agent(
     stop: asyncio.Event,
 ) -> None:
     """Register the host, then heartbeat and serve its operations until `stop`."""
-    from stowage.agent.local import agent_server, make_reconciler
+    from stowage.agent.local import agent_server, make_reconciler, restore_guests
+    from stowage.virt.sim import SimDriver
 
     await asyncio.to_thread(cloud.ledger.register_host, spec)
+    if isinstance(driver, SimDriver):
+        # A simulated hypervisor forgets its guests with its process (libvirt keeps them):
+        # before serving, it runs again what the ledger places here.
+        restored = await asyncio.to_thread(restore_guests, cloud, spec.name, driver)
+        log.info("agent of %s restored %d guest(s) from the ledger", spec.name, len(restored))
     bus = await _connect(bus_url)
     metrics = AgentMetrics.create()
     server = agent_server(cloud, spec.name, driver, bus)

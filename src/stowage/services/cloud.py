@@ -58,6 +58,10 @@ class CloudConfig:
     resize_confirm_window_s: float = 0.0  # 0: resizes wait for an explicit confirm
     sim_step_s: float = 0.0  # latency of every simulated hypervisor step
     max_concurrent_disk_ops: int = 2  # per agent, like Nova's option of the same name
+    # A guest running where the ledger places no instance of it: reap, log or noop (Nova's).
+    running_deleted_instance_action: str = "reap"
+    lease_s: float = 60.0  # a conductor's lease on an operation; renewed while it drives it
+    conductor_name: str = ""  # a conductor's stable identity ("": the machine's host name)
 
     @property
     def base_url(self) -> str:
