@@ -86,6 +86,7 @@ def conductor_config(cloud: Cloud) -> ConductorConfig:
     config = cloud.config
     return ConductorConfig(
         call_timeout_s=config.op_timeout_s,
+        lease_s=config.lease_s,
         resize_confirm_window_s=config.resize_confirm_window_s,
         live_migration_transfer_s=config.live_migration_s,
     )

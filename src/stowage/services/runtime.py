@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from stowage.ledger.db import migrate, sqlite_url
+from stowage.ledger.db import NamedLock, migrate, sqlite_url
 from stowage.ledger.ledger import Ledger
 from stowage.services.cloud import Cloud, CloudConfig, bootstrap
 
@@ -18,9 +18,12 @@ def open_cloud(config: CloudConfig, *, db_url: str | None = None) -> Cloud:
     """The cloud in `config.state_dir`, created on first use and brought back after that."""
     config.state_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger.open(db_url or sqlite_url(config.state_dir / "ledger.db"), upgrade=False)
-    migrate(ledger.engine)
-    cloud = Cloud(config, ledger)
-    bootstrap(cloud)
+    # Processes started at the same moment on a fresh ledger (as an init system starts
+    # them) take turns: the first creates the schema and the cloud, the others find both.
+    with NamedLock(ledger.engine, "bootstrap"):
+        migrate(ledger.engine)
+        cloud = Cloud(config, ledger)
+        bootstrap(cloud)
     return cloud
 
 
