@@ -141,7 +141,7 @@ def audit(
 def db_upgrade(state_dir: StateDir = Path(".stowage"), db: DbUrl = None) -> None:
     """Create or upgrade the ledger schema to the newest revision."""
     from stowage.ledger import make_engine, migrate
-    from stowage.ledger.db import default_url
+    from stowage.ledger.db import NamedLock, default_url
 
     if db is None:
         import os
@@ -152,7 +152,8 @@ def db_upgrade(state_dir: StateDir = Path(".stowage"), db: DbUrl = None) -> None
         private_dir(state_dir)
     url = db or default_url(state_dir)
     engine = make_engine(url)
-    migrate(engine)
+    with NamedLock(engine, "bootstrap"):  # never two schema upgrades at once
+        migrate(engine)
     engine.dispose()
     console.print(f"ledger at revision head: {engine.url.render_as_string(hide_password=True)}")
 
@@ -229,6 +230,8 @@ def up(
     lockout_duration: LockoutDuration = 1800.0,
     max_request_body_size: MaxBody = 114688,
     bootstrap_password: BootstrapPassword = "stowage-admin",
+    lease_seconds: LeaseSeconds = 60.0,
+    running_deleted_instance_action: ReapAction = "reap",
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import os
@@ -266,6 +269,8 @@ def up(
         lockout_duration_s=lockout_duration,
         max_request_body_size=max_request_body_size,
         admin_password=bootstrap_password,
+        lease_s=lease_seconds,
+        running_deleted_instance_action=running_deleted_instance_action,
     )
     if topology is not None:
         from stowage.domain.errors import InvalidSpec
@@ -289,6 +294,35 @@ def up(
     cloud.ledger.close()
     console.print("Stowage stopped.")
 
+
+LeaseSeconds = Annotated[
+    float,
+    typer.Option(
+        "--lease-seconds",
+        min=1.0,
+        help="A conductor's lease on an operation: how long a dead conductor's operations "
+        "wait for another conductor to take them over.",
+    ),
+]
+
+
+def _reap_action(value: str) -> str:
+    from stowage.services.reconcile import RUNNING_DELETED_ACTIONS
+
+    if value not in RUNNING_DELETED_ACTIONS:
+        raise typer.BadParameter(f"one of {', '.join(RUNNING_DELETED_ACTIONS)}")
+    return value
+
+
+ReapAction = Annotated[
+    str,
+    typer.Option(
+        "--running-deleted-instance-action",
+        callback=_reap_action,
+        help="A guest running where the ledger places no instance of it (deleted, or "
+        "elsewhere): reap (destroy it), log, or noop; as Nova's option of that name.",
+    ),
+]
 
 BusUrl = Annotated[
     str, typer.Option("--bus", help="RabbitMQ URL of the bus between services and agents.")
@@ -362,14 +396,26 @@ def conductor_process(
     db: DbUrl = None,
     bus: BusUrl = DEFAULT_BUS,
     op_timeout: Annotated[float, typer.Option("--op-timeout")] = 10.0,
+    lease_seconds: LeaseSeconds = 60.0,
+    name: Annotated[
+        str,
+        typer.Option(
+            "--name",
+            help="This conductor's stable identity (default: the host name). A restarted "
+            "conductor takes back the leases of its name at once; a second live conductor "
+            "of the same name waits until the first ends.",
+        ),
+    ] = "",
 ) -> None:
     """Production: drive operations through the agents (run several for more throughput)."""
     import asyncio
 
-    from stowage.agent.processes import run_conductor, run_until_signal
+    from stowage.agent.processes import conductor_name, run_conductor, run_until_signal
 
-    cloud = _production_cloud(state_dir, db, op_timeout_s=op_timeout)
-    console.print("conductor running")
+    cloud = _production_cloud(
+        state_dir, db, op_timeout_s=op_timeout, lease_s=lease_seconds, conductor_name=name
+    )
+    console.print(f"conductor {conductor_name(cloud)} running")
     asyncio.run(run_until_signal(lambda stop: run_conductor(cloud, bus, stop)))
     cloud.ledger.close()
 
@@ -389,6 +435,7 @@ def agent_process(
     max_concurrent_disk_ops: Annotated[
         int, typer.Option("--max-concurrent-disk-ops", min=1, help="Disk-heavy work at once.")
     ] = 2,
+    running_deleted_instance_action: ReapAction = "reap",
 ) -> None:
     """Production: one host's compute agent (registers the host, heartbeats, runs its work)."""
     import asyncio
@@ -401,6 +448,7 @@ def agent_process(
         db,
         heartbeat_interval_s=heartbeat_interval,
         max_concurrent_disk_ops=max_concurrent_disk_ops,
+        running_deleted_instance_action=running_deleted_instance_action,
     )
     spec = default_hosts(1)[0]
     if topology is not None:

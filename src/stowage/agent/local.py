@@ -22,7 +22,13 @@ from stowage.services.reconcile import Divergence, expected_on_host, record_dive
 from stowage.virt.driver import Driver
 from stowage.virt.sim import SimConfig, SimDriver
 
-__all__ = ["LocalCompute", "agent_server", "make_reconciler", "make_upload_sink"]
+__all__ = [
+    "LocalCompute",
+    "agent_server",
+    "make_reconciler",
+    "make_upload_sink",
+    "restore_guests",
+]
 
 log = logging.getLogger(__name__)
 
@@ -161,23 +167,8 @@ class LocalCompute:
         await self.bus.close()
 
     async def _restore_hypervisors(self) -> None:
-        from stowage.services.conductor import claim_of
-
-        cloud = self.cloud
-        for consumer_id, instance_id, host in await asyncio.to_thread(_placed, cloud):
-            server = self.agents.get(host)
-            claim = await asyncio.to_thread(claim_of, cloud, consumer_id)
-            if server is None or claim is None:
-                continue
-            pins = {int(k): int(v) for k, v in claim["pins"].items()}
-            result = await server.agent.spawn(
-                f"restore:{consumer_id}", instance_id, pins, claim["cells"], claim["memory_mb"]
-            )
-            doc = await asyncio.to_thread(cloud.objects.find, "instance", instance_id)
-            if result.ok and doc is not None and doc.body.get("vm_state") == "stopped":
-                await server.agent.power_off(f"restore-off:{consumer_id}", instance_id)
-            if not result.ok:
-                log.warning("could not restore %s on %s: %s", instance_id, host, result.error)
+        for host, server in self.agents.items():
+            await asyncio.to_thread(restore_guests, self.cloud, host, server.driver)
 
     async def _observe(self) -> None:
         while True:
@@ -256,18 +247,50 @@ def agent_server(cloud: Cloud, host: str, driver: Driver, bus: Transport) -> Age
     )
 
 
-def _placed(cloud: Cloud) -> list[tuple[str, str, str]]:
-    """(consumer, instance, host) for every consumer holding a host: instances and the
-    destination ends of moves in flight."""
+def restore_guests(cloud: Cloud, host: str, driver: Driver) -> list[str]:
+    """A simulated hypervisor starts empty: run again what the ledger places on `host`
+    (instances and the destination ends of moves in flight), powered off where the server is
+    stopped. Call it before the agent serves, so no operation meets a half-restored host.
+    Returns the instances restored; one that cannot be restored is logged and skipped (the
+    reconciler then reports it missing).
+    """
+    from stowage.services.conductor import claim_of
+
+    present = driver.running()
+    restored = []
+    for consumer_id, instance_id, _host in _placed(cloud, host):
+        if instance_id in present:
+            continue
+        claim = claim_of(cloud, consumer_id)
+        if claim is None:
+            continue
+        pins = {int(k): int(v) for k, v in claim["pins"].items()}
+        try:
+            driver.spawn(instance_id, pins, claim["cells"], claim["memory_mb"])
+            doc = cloud.objects.find("instance", instance_id)
+            if doc is not None and doc.body.get("vm_state") == "stopped":
+                driver.power_off(instance_id)
+        except Exception as exc:  # one guest that cannot come back never stops the others
+            log.warning("could not restore %s on %s: %s", instance_id, host, exc)
+            continue
+        present = {**present, instance_id: driver.running()[instance_id]}
+        restored.append(instance_id)
+    return restored
+
+
+def _placed(cloud: Cloud, host: str | None = None) -> list[tuple[str, str, str]]:
+    """(consumer, instance, host) for every consumer holding a host (or `host`): instances
+    and the destination ends of moves in flight."""
     from sqlalchemy import select
 
     from stowage.ledger.db import READONLY
     from stowage.ledger.schema import consumers, hosts
 
+    query = select(consumers.c.id, consumers.c.instance_id, hosts.c.name).select_from(
+        consumers.join(hosts, hosts.c.id == consumers.c.host_id)
+    )
+    if host is not None:
+        query = query.where(hosts.c.name == host)
     with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
-        rows = conn.execute(
-            select(consumers.c.id, consumers.c.instance_id, hosts.c.name)
-            .select_from(consumers.join(hosts, hosts.c.id == consumers.c.host_id))
-            .order_by(consumers.c.id)
-        ).all()
+        rows = conn.execute(query.order_by(consumers.c.id)).all()
     return [(str(c), str(i), str(h)) for c, i, h in rows]

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,12 @@ from typing import Any
 from stowage.agent.metrics import AgentMetrics
 from stowage.bus.base import Transport
 from stowage.domain.topology import HostSpec
+from stowage.ledger.db import NamedLock
 from stowage.services.cloud import Cloud
 from stowage.services.conductor import Conductor, conductor_config
 from stowage.virt.driver import Driver
 
-__all__ = ["run_agent", "run_conductor", "run_until_signal"]
+__all__ = ["conductor_name", "run_agent", "run_conductor", "run_until_signal"]
 
 log = logging.getLogger(__name__)
 
@@ -41,18 +43,45 @@ async def _connect(bus_url: str) -> Transport:
     return transport
 
 
+def conductor_name(cloud: Cloud) -> str:
+    """A conductor's stable identity: `--name`, else the machine's host name."""
+    return cloud.config.conductor_name or socket.gethostname()
+
+
 async def run_conductor(cloud: Cloud, bus_url: str, stop: asyncio.Event) -> None:
-    """Lease and drive operations until `stop`; several conductors may run at once."""
-    bus = await _connect(bus_url)
-    conductor = Conductor(cloud, bus, conductor_config(cloud))
-    # Leases of a crashed conductor run out and are taken over; never void another's lease.
-    task = asyncio.create_task(conductor.run(take_over=False))
-    log.info("conductor %s running", conductor.owner)
+    """Lease and drive operations until `stop`; several conductors may run at once.
+
+    A conductor leases operations under its name, so one that restarts (after a crash, a
+    `kill -9`) takes back its own leases at once instead of waiting for them to run out;
+    other conductors' leases run out (`lease_s`) and are taken over, never voided. Two
+    conductors of one name would both take the name's leases: the second waits, leasing
+    nothing, until the first is gone (its name is a lock in the ledger that the first
+    holds while it lives), then takes over at once, as a hot standby.
+    """
+    name = conductor_name(cloud)
+    lock = NamedLock(cloud.ledger.engine, f"conductor:{name}")
+    warned = False
+    while not await asyncio.to_thread(lock.acquire, wait=False):
+        if not warned:
+            log.warning("a conductor named %s is running: this one waits until it ends", name)
+            warned = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await stop.wait()
+        if stop.is_set():
+            return
     try:
-        await stop.wait()
+        bus = await _connect(bus_url)
+        conductor = Conductor(cloud, bus, conductor_config(cloud), owner=name)
+        task = asyncio.create_task(conductor.run(take_over=False))
+        log.info("conductor %s running (leases of %.0f s)", name, conductor.config.lease_s)
+        try:
+            await stop.wait()
+        finally:
+            await _cancel(task)
+            await bus.close()
     finally:
-        await _cancel(task)
-        await bus.close()
+        await asyncio.to_thread(lock.release)
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:
@@ -83,9 +112,15 @@ async def run_agent(
     stop: asyncio.Event,
 ) -> None:
     """Register the host, then heartbeat and serve its operations until `stop`."""
-    from stowage.agent.local import agent_server, make_reconciler
+    from stowage.agent.local import agent_server, make_reconciler, restore_guests
+    from stowage.virt.sim import SimDriver
 
     await asyncio.to_thread(cloud.ledger.register_host, spec)
+    if isinstance(driver, SimDriver):
+        # A simulated hypervisor forgets its guests with its process (libvirt keeps them):
+        # before serving, it runs again what the ledger places here.
+        restored = await asyncio.to_thread(restore_guests, cloud, spec.name, driver)
+        log.info("agent of %s restored %d guest(s) from the ledger", spec.name, len(restored))
     bus = await _connect(bus_url)
     metrics = AgentMetrics.create()
     server = agent_server(cloud, spec.name, driver, bus)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 
-__all__ = ["READONLY", "default_url", "make_engine", "migrate", "sqlite_url"]
+__all__ = ["READONLY", "NamedLock", "default_url", "make_engine", "migrate", "sqlite_url"]
 
 # Execution option for read transactions: on SQLite they begin DEFERRED and do not wait
 # for the writer lock.
@@ -79,3 +81,82 @@ def migrate(engine: Engine, revision: str = "head") -> None:
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+
+
+class NamedLock:
+    """A lock that processes sharing one ledger take by name, held until released or until
+    the holder's process ends (a `kill -9` included): a PostgreSQL session advisory lock
+    (keyed by the schema and the name) on a connection of its own, or, on SQLite, `flock` on
+    a file next to the database. An in-memory SQLite ledger has one process: always free.
+    """
+
+    def __init__(self, engine: Engine, name: str) -> None:
+        self.engine = engine
+        self.name = name
+        self._conn: Connection | None = None
+        self._file: IO[str] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._conn is not None or self._file is not None
+
+    def acquire(self, *, wait: bool = True) -> bool:
+        """Take the lock (waiting for it, or not); True when this process holds it."""
+        if self.held:
+            return True
+        if self.engine.dialect.name == "postgresql":
+            return self._acquire_pg(wait)
+        database = self.engine.url.database
+        if not database or database == ":memory:":
+            self._file = open(os.devnull)  # noqa: SIM115 - held until release()
+            return True
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)
+        handle = open(f"{database}.{safe}.lock", "a")  # noqa: SIM115 - held until release()
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            handle.close()
+            return False
+        self._file = handle
+        return True
+
+    def _acquire_pg(self, wait: bool) -> bool:
+        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        key = "hashtextextended('stowage:' || current_schema() || ':' || :name, 0)"
+        try:
+            if wait:
+                conn.execute(text(f"SELECT pg_advisory_lock({key})"), {"name": self.name})
+                got = True
+            else:
+                got = bool(
+                    conn.execute(
+                        text(f"SELECT pg_try_advisory_lock({key})"), {"name": self.name}
+                    ).scalar()
+                )
+        except BaseException:
+            conn.close()
+            raise
+        if not got:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def release(self) -> None:
+        conn, handle = self._conn, self._file
+        self._conn = self._file = None
+        if conn is not None:
+            try:
+                key = "hashtextextended('stowage:' || current_schema() || ':' || :name, 0)"
+                conn.execute(text(f"SELECT pg_advisory_unlock({key})"), {"name": self.name})
+            finally:
+                conn.close()
+        if handle is not None:
+            handle.close()  # closing the file drops its flock
+
+    def __enter__(self) -> NamedLock:
+        self.acquire(wait=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

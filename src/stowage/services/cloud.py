@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from stowage.bus.base import Calls
 from stowage.domain.errors import NotFound
@@ -66,6 +69,10 @@ class CloudConfig:
     lockout_duration_s: float = 1800.0
     # Nova's and Keystone's max_request_body_size: larger bodies get a 413 (image data aside).
     max_request_body_size: int = 114688
+    # A guest running where the ledger places no instance of it: reap, log or noop (Nova's).
+    running_deleted_instance_action: str = "reap"
+    lease_s: float = 60.0  # a conductor's lease on an operation; renewed while it drives it
+    conductor_name: str = ""  # a conductor's stable identity ("": the machine's host name)
 
     @property
     def base_url(self) -> str:
@@ -162,15 +169,18 @@ def _token_key(state_dir: Path) -> bytes:
     if path.exists():
         return path.read_bytes().strip()
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    key = Tokens.new_key()
+    # Processes that start at once on one state directory agree on one key: each writes its
+    # own to a file of its own (mkstemp: 0600 from the start), and the first to link it in
+    # place wins; the others read the winner's, whole.
+    fd, temp = tempfile.mkstemp(dir=state_dir, prefix=".token.key.")
     try:
-        # 0600 from the moment it exists; O_EXCL: of two processes starting at once, one writes.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_bytes().strip()
-    with os.fdopen(fd, "wb") as out:
-        out.write(key)
-    return key
+        os.write(fd, Tokens.new_key())
+        os.close(fd)
+        with contextlib.suppress(FileExistsError):
+            os.link(temp, path)
+    finally:
+        os.unlink(temp)
+    return path.read_bytes().strip()
 
 
 def default_hosts(count: int) -> list[HostSpec]:
@@ -185,26 +195,31 @@ def default_hosts(count: int) -> list[HostSpec]:
 
 
 def bootstrap(cloud: Cloud) -> None:
-    """Create what a fresh cloud starts with; does nothing on a cloud that already has it."""
+    """Create what a fresh cloud starts with; does nothing on a cloud that already has it.
+
+    Every step creates only what is missing, with ids that a repeated run derives again, and
+    the default domain comes last: a bootstrap that died half-way is finished by the next
+    one. Processes that start at once on a fresh ledger serialize on a named lock around
+    this (`services.runtime.open_cloud`), so one bootstraps and the others find it done.
+    """
     objects = cloud.objects
     if objects.find("domain", DEFAULT_DOMAIN) is not None:
         return
-    objects.create(
-        "domain",
-        DEFAULT_DOMAIN,
-        {"id": DEFAULT_DOMAIN, "name": "Default", "enabled": True, "description": ""},
-        name="Default",
-    )
+
+    def ensure(kind: str, id: str, body: dict[str, Any], **meta: Any) -> None:
+        if objects.find(kind, id) is None:
+            objects.create(kind, id, body, **meta)
+
     role_ids = {}
     for role in ROLES:
-        role_id = uuid.uuid4().hex
+        role_id = _bootstrap_id("role", role)
         role_ids[role] = role_id
-        objects.create("role", role_id, {"id": role_id, "name": role, "domain_id": None}, name=role)
+        ensure("role", role_id, {"id": role_id, "name": role, "domain_id": None}, name=role)
     projects = {}
     for name in ("admin", "demo", "service"):
-        project_id = uuid.uuid4().hex
+        project_id = _bootstrap_id("project", name)
         projects[name] = project_id
-        objects.create(
+        ensure(
             "project",
             project_id,
             {
@@ -225,32 +240,33 @@ def bootstrap(cloud: Cloud) -> None:
         "demo": (cloud.config.member_password, [("demo", "member")]),
     }
     for name, (password, grants) in users.items():
-        user_id = uuid.uuid4().hex
-        objects.create(
-            "user",
-            user_id,
-            {
-                "id": user_id,
-                "name": name,
-                "domain_id": DEFAULT_DOMAIN,
-                "enabled": True,
-                "password_hash": hash_password(password),
-                "default_project_id": projects[grants[0][0]],
-            },
-            name=name,
-        )
+        user_id = _bootstrap_id("user", name)
+        if objects.find("user", user_id) is None:
+            objects.create(
+                "user",
+                user_id,
+                {
+                    "id": user_id,
+                    "name": name,
+                    "domain_id": DEFAULT_DOMAIN,
+                    "enabled": True,
+                    "password_hash": hash_password(password),
+                    "default_project_id": projects[grants[0][0]],
+                },
+                name=name,
+            )
         for project, role in grants:
             scope = f"project:{projects[project]}"
             # The same id the identity service gives a grant (ids are at most 64 characters).
             grant_id = hashlib.sha256(f"{scope}\0{user_id}\0{role_ids[role]}".encode()).hexdigest()
-            objects.create(
+            ensure(
                 "assignment",
                 grant_id,
                 {"user_id": user_id, "project_id": projects[project], "role_id": role_ids[role]},
                 project_id=projects[project],
             )
     for flavor_id, name, vcpus, ram, disk, specs in DEFAULT_FLAVORS:
-        objects.create(
+        ensure(
             "flavor",
             flavor_id,
             {
@@ -274,3 +290,15 @@ def bootstrap(cloud: Cloud) -> None:
         cloud.ledger.register_host(spec)
     bootstrap_images(cloud, projects["admin"])
     bootstrap_networks(cloud, projects)
+    # Last: its presence says the bootstrap is complete.
+    objects.create(
+        "domain",
+        DEFAULT_DOMAIN,
+        {"id": DEFAULT_DOMAIN, "name": "Default", "enabled": True, "description": ""},
+        name="Default",
+    )
+
+
+def _bootstrap_id(kind: str, name: str) -> str:
+    """The id of a bootstrapped role, project or user: a repeated bootstrap finds it again."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-bootstrap:{kind}:{name}").hex

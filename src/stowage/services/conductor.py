@@ -86,6 +86,7 @@ def conductor_config(cloud: Cloud) -> ConductorConfig:
     config = cloud.config
     return ConductorConfig(
         call_timeout_s=config.op_timeout_s,
+        lease_s=config.lease_s,
         resize_confirm_window_s=config.resize_confirm_window_s,
         live_migration_transfer_s=config.live_migration_s,
     )
@@ -466,6 +467,16 @@ class Conductor:
     async def _step_power(self, op: Operation) -> None:
         action = str(op.payload["action"])
         reply = await self._call(op, POWER_METHODS[action], {})
+        if (
+            action in ("os-start", "reboot")
+            and not reply.get("ok")
+            and reply.get("code") == "virt.instance.not_found"
+        ):
+            # The guest vanished (the reconciler stopped the server): as Nova's hard reboot
+            # does, starting it defines it again from what the ledger gives it.
+            claim = await asyncio.to_thread(claim_of, self.cloud, op.instance_id)
+            if claim is not None and claim["host"] == op.host:
+                reply = await self._call(op, "spawn", claim, suffix=":respawn")
         await asyncio.to_thread(self._powered, op, action, reply)
 
     def _powered(self, op: Operation, action: str, reply: Reply) -> None:
@@ -474,6 +485,8 @@ class Conductor:
         if reply.get("ok"):
             status, vm_state, power = _AFTER_POWER[action]
             body.update(status=status, vm_state=vm_state, power_state=power, task_state=None)
+            if (body.get("fault") or {}).get("error_code") == "reconcile.missing_instance":
+                body["fault"] = None  # the vanished guest runs again
             state = "done"
         else:
             body.update(task_state=None)  # the instance is as it was

@@ -20,21 +20,29 @@ from sqlalchemy import and_, exists, select
 
 from stowage.domain.claims import ConsumerKind
 from stowage.ledger.db import READONLY
-from stowage.ledger.schema import consumers, pins
+from stowage.ledger.operations import ACTIVE_STATES
+from stowage.ledger.schema import consumers, hosts, operations, pins
 
 if TYPE_CHECKING:
     from stowage.ledger.ledger import Ledger
     from stowage.services.cloud import Cloud
 
 __all__ = [
+    "RUNNING_DELETED_ACTIONS",
     "Divergence",
     "DivergenceKind",
     "End",
     "Expected",
     "Role",
     "expected_on_host",
+    "reap_unknown",
     "record_divergence",
+    "settle_vanished",
 ]
+
+# Nova's `running_deleted_instance_action`: what to do with a guest that runs on a host where
+# the ledger places no instance (its instance is deleted, or lives elsewhere).
+RUNNING_DELETED_ACTIONS = ("reap", "log", "noop")
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +188,34 @@ def record_divergence(cloud: Cloud, host: str, divergence: Divergence) -> None:
     """A log line always, an `instance_fault` document, and for an instance the cloud
     knows, an instance action whose `compute_reconcile` event failed with the details.
 
-    Never touches a claim: the ledger is not rewritten from what one pass saw.
+    Then what Nova does about it: an instance whose guest vanished is put into Nova's state
+    for it (`settle_vanished`), and a guest that runs here while the ledger places its
+    instance nowhere here is reaped, logged or left alone as `running_deleted_instance_action`
+    says (`reap_unknown`). Never touches a claim: the ledger is not rewritten from what one
+    pass saw.
     """
+    if divergence.kind is DivergenceKind.UNKNOWN_INSTANCE:
+        action = cloud.config.running_deleted_instance_action
+        if action == "noop":
+            log.debug("running_deleted_instance_action=noop: %s left alone", divergence.instance_id)
+            return
+        _record(cloud, host, divergence)
+        if action == "reap":
+            reap_unknown(cloud, host, divergence.instance_id)
+        return
+    if divergence.kind is DivergenceKind.MISSING_INSTANCE and _already_vanished(
+        cloud, divergence.instance_id
+    ):
+        # Recorded and settled by an earlier pass: the server shows SHUTOFF with no power
+        # state, as Nova leaves it; a new fault every pass would say nothing new.
+        log.info("instance %s on %s still has no guest", divergence.instance_id, host)
+        return
+    _record(cloud, host, divergence)
+    if divergence.kind is DivergenceKind.MISSING_INSTANCE:
+        settle_vanished(cloud, host, divergence)
+
+
+def _record(cloud: Cloud, host: str, divergence: Divergence) -> None:
     details = divergence.as_dict()
     log.warning(
         "reconcile divergence on %s: %s %s: %s",
@@ -248,3 +282,127 @@ def record_divergence(cloud: Cloud, host: str, divergence: Divergence) -> None:
         project_id=divergence.instance_id,
         name="reconcile",
     )
+
+
+# Nova's power states (nova/compute/power_state.py).
+NOSTATE = 0
+SHUTDOWN = 4
+# vm_states Nova's _sync_instance_power_state stops when the guest is gone; a stopped or
+# errored instance keeps its vm_state and only learns the power state.
+_STOPPED_WHEN_GONE = frozenset({"active", "paused", "suspended", "rescued"})
+
+
+def _already_vanished(cloud: Cloud, instance_id: str) -> bool:
+    doc = cloud.objects.find("instance", instance_id)
+    if doc is None:
+        return False
+    fault = doc.body.get("fault") or {}
+    return bool(
+        doc.body.get("power_state") == NOSTATE
+        and fault.get("error_code") == DivergenceKind.MISSING_INSTANCE.code
+    )
+
+
+def settle_vanished(cloud: Cloud, host: str, divergence: Divergence) -> bool:
+    """The guest of an instance the ledger places on `host` is gone: as Nova's
+    `_sync_instance_power_state` does, the instance learns power state NOSTATE and, if it
+    was running (or paused, suspended, rescued), is stopped: status SHUTOFF, vm_state
+    stopped, with the reason as its fault. `openstack server start` spawns it again.
+
+    Compare-and-swap on the instance, and only while no operation of it is in flight (an
+    operation that started since the pass read its views owns the instance). True when the
+    instance changed.
+    """
+    doc = cloud.objects.find("instance", divergence.instance_id)
+    if doc is None:
+        return False
+    before = doc.body
+    if before.get("host") != host or before.get("task_state") is not None:
+        return False
+    after = dict(before)
+    after["power_state"] = NOSTATE
+    if before.get("vm_state") in _STOPPED_WHEN_GONE:
+        after.update(status="SHUTOFF", vm_state="stopped")
+    after["fault"] = {
+        "code": 500,
+        "message": f"The guest of instance {divergence.instance_id} vanished from {host}",
+        "details": divergence.detail,
+        "created": cloud.clock(),
+        "error_code": divergence.kind.code,
+    }
+    with cloud.ledger.engine.begin() as conn:
+        busy = conn.execute(
+            select(operations.c.id)
+            .where(
+                operations.c.instance_id == divergence.instance_id,
+                operations.c.state.in_(ACTIVE_STATES),
+            )
+            .limit(1)
+        ).first()
+        if busy is not None:
+            return False
+        changed = cloud.objects.swap_in(conn, "instance", divergence.instance_id, before, after)
+    if changed:
+        log.warning(
+            "instance %s has no guest on %s: now %s, power state NOSTATE",
+            divergence.instance_id,
+            host,
+            after["status"],
+            extra={"host": host, "instance_id": divergence.instance_id},
+        )
+    return changed
+
+
+def reap_unknown(cloud: Cloud, host: str, instance_id: str) -> str | None:
+    """Destroy a guest that runs on `host` although its instance is deleted or lives on
+    another host (Nova's `running_deleted_instance_action = reap`): a clean-up operation
+    the conductor drives, so it runs before anything new starts on the host.
+
+    Checked again in the transaction that enqueues it, with the host's row locked against
+    claims: if the ledger now places the instance (or a migration of it) here, or any
+    operation of the instance is in flight here, nothing is reaped. An instance whose
+    document says it lives here without a claim here is left to an operator. Returns the
+    clean-up operation's id, or None.
+    """
+    doc = cloud.objects.find("instance", instance_id)
+    if doc is not None and doc.body.get("host") in (host, None):
+        log.warning(
+            "guest %s runs on %s, where its instance has no claim: not reaped", instance_id, host
+        )
+        return None
+    host_id = cloud.ledger.host_id(host)
+    with cloud.ledger.engine.begin() as conn:
+        conn.execute(select(hosts.c.id).where(hosts.c.id == host_id).with_for_update()).first()
+        placed = conn.execute(
+            select(consumers.c.id)
+            .where(consumers.c.instance_id == instance_id, consumers.c.host_id == host_id)
+            .limit(1)
+        ).first()
+        busy = conn.execute(
+            select(operations.c.id)
+            .where(
+                operations.c.instance_id == instance_id,
+                operations.c.host == host,
+                operations.c.state.in_(ACTIVE_STATES),
+            )
+            .limit(1)
+        ).first()
+        if placed is not None or busy is not None:
+            return None
+        op_id = cloud.operations.enqueue(
+            "cleanup",
+            instance_id,
+            host,
+            step="destroy",
+            payload={"reason": "running_deleted_instance_action=reap"},
+            conn=conn,
+        )
+    log.warning(
+        "reaping guest %s on %s: its instance is %s",
+        instance_id,
+        host,
+        "deleted" if doc is None else f"on {doc.body.get('host')}",
+        extra={"host": host, "instance_id": instance_id, "operation": op_id},
+    )
+    cloud.kick()
+    return op_id

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from stowage.ledger.db import migrate, sqlite_url
+from stowage.ledger.db import NamedLock, migrate, sqlite_url
 from stowage.ledger.ledger import Ledger
 from stowage.services.cloud import Cloud, CloudConfig, bootstrap
 
@@ -40,9 +40,12 @@ def open_cloud(config: CloudConfig, *, db_url: str | None = None) -> Cloud:
         with contextlib.suppress(FileExistsError):
             os.close(create_private_file(config.state_dir / "ledger.db"))
     ledger = Ledger.open(db_url or sqlite_url(config.state_dir / "ledger.db"), upgrade=False)
-    migrate(ledger.engine)
-    cloud = Cloud(config, ledger)
-    bootstrap(cloud)
+    # Processes started at the same moment on a fresh ledger (as an init system starts
+    # them) take turns: the first creates the schema and the cloud, the others find both.
+    with NamedLock(ledger.engine, "bootstrap"):
+        migrate(ledger.engine)
+        cloud = Cloud(config, ledger)
+        bootstrap(cloud)
     return cloud
 
 

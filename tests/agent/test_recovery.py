@@ -1,0 +1,287 @@
+"""Recovery on a real ledger (SQLite and PostgreSQL) with agents on the in-process bus and a
+real conductor: a guest that vanished puts its server into Nova's state for it (SHUTOFF,
+power state NOSTATE, a fault and an instance action) and `start` brings it back; a guest
+whose instance is deleted or lives elsewhere is reaped as `running_deleted_instance_action`
+says; a fresh simulated hypervisor is refilled from the ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stowage.agent.local import make_reconciler, restore_guests
+from stowage.agent.metrics import AgentMetrics
+from stowage.agent.server import AgentServer
+from stowage.bus.inproc import InProcTransport
+from stowage.domain.topology import HostSpec, HostTopology
+from stowage.ledger import Ledger, audit
+from stowage.services import compute
+from stowage.services.cloud import Cloud, CloudConfig
+from stowage.services.compute import BuildRequest, build_servers
+from stowage.services.conductor import Conductor, ConductorConfig
+from stowage.services.reconcile import DivergenceKind
+from stowage.virt.sim import SimConfig, SimDriver
+
+TOPOLOGY = HostTopology.uniform(cells=2, cores_per_cell=8, threads_per_core=2)
+PINNED = {
+    "id": "p1",
+    "name": "pinned.1",
+    "vcpus": 1,
+    "ram": 256,
+    "disk": 1,
+    "ephemeral": 0,
+    "extra_specs": {"hw:cpu_policy": "dedicated"},
+}
+HOSTS = ("host1", "host2")
+FAST = ConductorConfig(call_timeout_s=1.0, poll_s=0.05, retry_s=0.1, retry_max_s=0.3)
+
+
+def _cloud(db_url: str, tmp_path: Path, **config: Any) -> Cloud:
+    ledger = Ledger.open(db_url)
+    for name in HOSTS:
+        ledger.register_host(HostSpec(name, TOPOLOGY, disk_gb=100))
+    ledger.heartbeat()
+    return Cloud(CloudConfig(state_dir=tmp_path / "state", **config), ledger)
+
+
+@pytest.fixture
+def cloud(db_url: str, tmp_path: Path) -> Iterator[Cloud]:
+    cloud = _cloud(db_url, tmp_path)
+    yield cloud
+    cloud.ledger.close()
+
+
+@contextlib.asynccontextmanager
+async def running_cloud(cloud: Cloud, tmp_path: Path) -> AsyncIterator[dict[str, AgentServer]]:
+    """Agents on both hosts and one conductor, until the block ends."""
+    bus = InProcTransport()
+    servers = {}
+    for name in HOSTS:
+        driver = SimDriver(SimConfig(disk_bytes=4096), disk_dir=tmp_path / name)
+        server = AgentServer(name, driver, bus, lambda n=name: cloud.ledger.heartbeat([n]))
+        await server.serve()
+        servers[name] = server
+    conductor = Conductor(cloud, bus, FAST, owner="recovery")
+    cloud.kick = conductor.kick
+    task = asyncio.create_task(conductor.run())
+    try:
+        yield servers
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for server in servers.values():
+            await server.close()
+        await bus.close()
+
+
+def build(cloud: Cloud, count: int, host: str) -> list[str]:
+    docs = build_servers(
+        cloud,
+        BuildRequest(
+            name="vm",
+            flavor=PINNED,
+            image_id="img",
+            project_id="p",
+            user_id="u",
+            min_count=count,
+            max_count=count,
+            force_host=host,
+            networks="none",
+        ),
+        request_id="req-recovery",
+    )
+    return [str(d["id"]) for d in docs]
+
+
+async def until(check: Any, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await asyncio.to_thread(check):
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def state(cloud: Cloud, instance_id: str) -> tuple[Any, ...]:
+    body = cloud.objects.get("instance", instance_id).body
+    return body["status"], body["vm_state"], body["power_state"], body["task_state"]
+
+
+def faults(cloud: Cloud, instance_id: str) -> list[str]:
+    return [
+        str(d.body["error_code"])
+        for d in cloud.objects.list("instance_fault", project_id=instance_id)
+    ]
+
+
+def reconcile_actions(cloud: Cloud, instance_id: str) -> list[dict[str, Any]]:
+    return [
+        d.body
+        for d in cloud.objects.list("instance_action", project_id=instance_id)
+        if d.body["action"] == "reconcile"
+    ]
+
+
+def test_a_vanished_guest_stops_its_server_once_and_start_spawns_it_again(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with running_cloud(cloud, tmp_path) as servers:
+            gone, kept = await asyncio.to_thread(build, cloud, 2, "host1")
+            await until(lambda: [state(cloud, i)[0] for i in (gone, kept)] == ["ACTIVE"] * 2)
+            driver = servers["host1"].driver
+            assert isinstance(driver, SimDriver)
+            await asyncio.to_thread(driver.destroy, gone)  # behind the ledger's back
+            reconciler = make_reconciler(cloud, "host1", servers["host1"], AgentMetrics.create())
+            report = await reconciler.run_once()
+            assert [(d.instance_id, d.kind) for d in report.divergences] == [
+                (gone, DivergenceKind.MISSING_INSTANCE)
+            ]
+            # Nova's state for a guest that is gone, never "ACTIVE, Running" forever.
+            assert state(cloud, gone) == ("SHUTOFF", "stopped", 0, None)
+            assert state(cloud, kept) == ("ACTIVE", "active", 1, None)
+            body = cloud.objects.get("instance", gone).body
+            assert body["fault"]["code"] == 500 and "vanished" in body["fault"]["message"]
+            assert faults(cloud, gone) == ["reconcile.missing_instance"]
+            [action] = reconcile_actions(cloud, gone)
+            assert action["events"][0]["result"] == "Error"
+            # The next pass sees the same thing and records nothing new.
+            again = await reconciler.run_once()
+            assert [d.instance_id for d in again.divergences] == [gone]
+            assert faults(cloud, gone) == ["reconcile.missing_instance"]
+            assert len(reconcile_actions(cloud, gone)) == 1
+            # `openstack server start` defines the guest again with its claim.
+            await asyncio.to_thread(compute.power_action, cloud, gone, "os-start", is_admin=True)
+            await until(lambda: state(cloud, gone) == ("ACTIVE", "active", 1, None))
+            assert cloud.objects.get("instance", gone).body["fault"] is None
+            assert sorted(driver.running()) == sorted([gone, kept])
+            assert (await reconciler.run_once()).divergences == []
+
+    asyncio.run(scenario())
+    assert audit(cloud.ledger) == []
+
+
+def test_a_vanished_guest_of_a_busy_server_is_left_to_its_operation(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    [instance_id] = build(cloud, 1, "host1")  # its build operation is still pending
+    from stowage.services.reconcile import Divergence, settle_vanished
+
+    divergence = Divergence(DivergenceKind.MISSING_INSTANCE, instance_id, "gone")
+    assert not settle_vanished(cloud, "host1", divergence)
+    assert state(cloud, instance_id)[0] == "BUILD"
+
+
+def _orphan(cloud: Cloud, driver: SimDriver, elsewhere: bool) -> str:
+    """A guest left running on host1 whose instance is deleted, or now lives on host2."""
+    [instance_id] = build(cloud, 1, "host2" if elsewhere else "host1")
+    for op in cloud.operations.active(instance_id=instance_id):
+        cloud.operations.update(op.id, state="done")
+    driver.spawn(instance_id, {0: 2}, [0], 256)
+    if not elsewhere:
+
+        def gone(conn: Any) -> None:
+            cloud.objects.delete_in(conn, "instance", instance_id)
+
+        cloud.ledger.release(instance_id, also=gone)
+    return instance_id
+
+
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["deleted", "elsewhere"])
+def test_a_guest_whose_instance_is_deleted_or_elsewhere_is_reaped(
+    cloud: Cloud, tmp_path: Path, elsewhere: bool
+) -> None:
+    async def scenario() -> None:
+        async with running_cloud(cloud, tmp_path) as servers:
+            driver = servers["host1"].driver
+            assert isinstance(driver, SimDriver)
+            orphan = await asyncio.to_thread(_orphan, cloud, driver, elsewhere)
+            reconciler = make_reconciler(cloud, "host1", servers["host1"], AgentMetrics.create())
+            report = await reconciler.run_once()
+            assert [(d.instance_id, d.kind) for d in report.divergences] == [
+                (orphan, DivergenceKind.UNKNOWN_INSTANCE)
+            ]
+            assert faults(cloud, orphan) == ["reconcile.unknown_instance"]
+            await until(lambda: orphan not in driver.running())
+            await until(lambda: not cloud.operations.active(host="host1"))
+            assert (await reconciler.run_once()).divergences == []
+            if elsewhere:  # the instance itself is untouched
+                assert cloud.objects.get("instance", orphan).body["host"] == "host2"
+
+    asyncio.run(scenario())
+    assert audit(cloud.ledger) == []
+
+
+@pytest.mark.parametrize("action", ["log", "noop"])
+def test_running_deleted_instance_action_log_and_noop_leave_the_guest(
+    db_url: str, tmp_path: Path, action: str
+) -> None:
+    cloud = _cloud(db_url, tmp_path, running_deleted_instance_action=action)
+
+    async def scenario() -> None:
+        async with running_cloud(cloud, tmp_path) as servers:
+            driver = servers["host1"].driver
+            assert isinstance(driver, SimDriver)
+            orphan = await asyncio.to_thread(_orphan, cloud, driver, False)
+            reconciler = make_reconciler(cloud, "host1", servers["host1"], AgentMetrics.create())
+            report = await reconciler.run_once()
+            assert [d.kind for d in report.divergences] == [DivergenceKind.UNKNOWN_INSTANCE]
+            await asyncio.sleep(0.5)  # a conductor runs: it would have reaped by now
+            assert orphan in driver.running()
+            assert not cloud.operations.active(host="host1")
+            recorded = faults(cloud, orphan)
+            assert recorded == (["reconcile.unknown_instance"] if action == "log" else [])
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        cloud.ledger.close()
+
+
+def test_a_guest_built_after_the_ledger_was_read_is_not_reaped(cloud: Cloud) -> None:
+    """The pass read the ledger before the claim and the hypervisor after the spawn: the
+    reap checks the ledger again in its own transaction and leaves the guest alone."""
+    from stowage.services.reconcile import reap_unknown
+
+    [instance_id] = build(cloud, 1, "host1")
+    for op in cloud.operations.active(instance_id=instance_id):
+        cloud.operations.update(op.id, state="done")
+    assert reap_unknown(cloud, "host1", instance_id) is None
+    # Placed on host2 and still running on host1 during its clean-up there: not reaped either.
+    [other] = build(cloud, 1, "host2")
+    for op in cloud.operations.active(instance_id=other):
+        cloud.operations.update(op.id, state="done")
+    cloud.operations.enqueue("cleanup", other, "host1", step="destroy")
+    assert reap_unknown(cloud, "host1", other) is None
+    assert [op.kind for op in cloud.operations.active(host="host1")] == ["cleanup"]
+
+
+def test_restore_guests_refills_a_fresh_simulated_hypervisor(cloud: Cloud, tmp_path: Path) -> None:
+    async def scenario() -> list[str]:
+        async with running_cloud(cloud, tmp_path) as servers:
+            ids = await asyncio.to_thread(build, cloud, 3, "host1")
+            await until(lambda: [state(cloud, i)[0] for i in ids] == ["ACTIVE"] * 3)
+            await asyncio.to_thread(compute.power_action, cloud, ids[0], "os-stop", is_admin=True)
+            await until(lambda: state(cloud, ids[0])[0] == "SHUTOFF")
+            driver = servers["host1"].driver
+            assert isinstance(driver, SimDriver)
+            return ids
+
+    ids = asyncio.run(scenario())
+    # The agent's process is gone; a new one starts with an empty simulated hypervisor.
+    fresh = SimDriver(SimConfig(disk_bytes=4096), disk_dir=tmp_path / "host1-again")
+    assert sorted(restore_guests(cloud, "host1", fresh)) == sorted(ids)
+    running = fresh.running()
+    assert sorted(running) == sorted(ids)
+    assert [str(running[i]["state"]) for i in ids] == ["shutoff", "running", "running"]
+    from stowage.services.conductor import claim_of
+
+    for i in ids:
+        claim = claim_of(cloud, i)
+        assert claim is not None
+        assert {str(v): c for v, c in running[i]["pins"].items()} == claim["pins"]
+    assert restore_guests(cloud, "host1", fresh) == []  # already there: nothing twice
+    fresh.close()
