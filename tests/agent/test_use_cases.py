@@ -396,3 +396,17 @@ def test_group_members_are_counted_against_their_quota(cloud: Cloud) -> None:
     assert len(build_servers(cloud, request(5, group_id="g"), "req-g")) == 2
     with pytest.raises(QuotaExceeded, match="too many servers in group"):
         build_servers(cloud, request(1, group_id="g"), "req-g2")
+
+
+def test_deleting_one_instance_of_a_create_before_it_is_scheduled_spares_the_others(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """The create's scheduling operation is keyed by its first instance: deleting that one
+    must not strand the others in BUILD (nothing would schedule them)."""
+    from stowage.services.compute import delete_server
+
+    ids = [d["id"] for d in build_servers(cloud, request(3), "req-del")]
+    delete_server(cloud, ids[0])
+    assert cloud.objects.find("instance", ids[0]) is None
+    drive(cloud, tmp_path, lambda: statuses(cloud) == ["ACTIVE", "ACTIVE"])
+    assert audit_cloud(cloud.ledger, stale_after_s=0) == []

@@ -498,7 +498,10 @@ def delete_server(cloud: Cloud, instance_id: str) -> None:
     if any(op.kind == "delete" for op in pending):
         return  # already being deleted
     host = doc.body.get("host")
-    hosts_touched = {op.host for op in pending} | ({host} if host else set())
+    # A create's scheduling serves its other instances too: it skips this one once it is
+    # gone (its claim would be refused), so it is left to run.
+    pending = [op for op in pending if not (op.kind == "build" and op.step == "schedule")]
+    hosts_touched = {op.host for op in pending if op.host} | ({host} if host else set())
     # A delete overtakes the instance's other operations; each place it might be is cleaned.
     with cloud.ledger.engine.begin() as conn:
         for op in pending:
