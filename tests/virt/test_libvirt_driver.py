@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
-import shutil
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -22,14 +20,22 @@ except ImportError as exc:
         pytest.fail(f"CI runs the libvirt tests: {_REASON}", pytrace=False)
     pytest.skip(_REASON, allow_module_level=True)
 
-from stowage.domain.topology import Cell, HostTopology
+from stowage.domain.topology import HostTopology, format_cpu_set
 from stowage.virt.driver import (
     Driver,
     DriverError,
+    Guest,
     InstanceNotFound,
     InstanceState,
 )
-from stowage.virt.libvirt_driver import DOMAIN_PREFIX, LibvirtDriver
+from stowage.virt.libvirt_driver import (
+    DOMAIN_PREFIX,
+    METADATA_NS,
+    LibvirtDriver,
+    domain_xml,
+    host_topology,
+    rewrite_for_destination,
+)
 
 TEST_URI = "test:///default"  # every open in this process shares one in-memory hypervisor
 DISK_BYTES = 300_000  # not a multiple of the chunk size, so the last chunk is short
@@ -295,10 +301,13 @@ def test_pins_held_by_other_domains_are_refused(
 ) -> None:
     first = ids()
     driver.spawn(first, {0: 0, 1: 1}, [0], 128)
-    # A domain defined behind the driver's back, not running, pinning CPU 3.
-    foreign = ids()
+    # A Stowage domain defined behind the driver's back (left by an earlier agent), not
+    # running, pinning CPU 3: it carries Stowage's metadata, so its pins count.
+    leftover = ids()
     conn.defineXML(
-        f"<domain type='test'><name>{DOMAIN_PREFIX}{foreign}</name><memory>131072</memory>"
+        f"<domain type='test'><name>{DOMAIN_PREFIX}{leftover}</name><memory>131072</memory>"
+        f"<metadata><s:instance xmlns:s='{METADATA_NS}'><s:id>{leftover}</s:id>"
+        "<s:shared-vcpus></s:shared-vcpus></s:instance></metadata>"
         "<vcpu placement='static'>1</vcpu><cputune><vcpupin vcpu='0' cpuset='3'/></cputune>"
         "<os><type>hvm</type></os></domain>"
     )
@@ -312,6 +321,25 @@ def test_pins_held_by_other_domains_are_refused(
         assert _domain_names(conn) == before
         assert not (driver.disk_dir / f"{loser}.img").exists()
     assert driver.running()[first]["pins"] == {0: 0, 1: 1}
+    assert driver.running()[leftover]["pins"] == {0: 3}
+
+
+def test_domains_that_are_not_stowages_are_left_alone(
+    driver: LibvirtDriver, conn: Any, ids: Callable[[], str]
+) -> None:
+    # Someone else's domain pinned to CPU 9, named like ours but without Stowage's metadata.
+    foreign = ids()
+    conn.defineXML(
+        f"<domain type='test'><name>{DOMAIN_PREFIX}{foreign}</name><memory>131072</memory>"
+        "<vcpu placement='static'>1</vcpu><cputune><vcpupin vcpu='0' cpuset='9'/></cputune>"
+        "<os><type>hvm</type></os></domain>"
+    )
+    assert foreign not in driver.running()
+    mine = ids()
+    driver.spawn(mine, {0: 9}, [0], 128)  # the ledger gave CPU 9 to this instance
+    assert driver.running()[mine]["pins"] == {0: 9}
+    driver.destroy(mine)
+    assert DOMAIN_PREFIX + foreign in _domain_names(conn)
 
 
 def test_bad_instance_ids_are_refused(driver: LibvirtDriver, conn: Any) -> None:
@@ -328,37 +356,132 @@ def test_unreachable_uri_is_an_error(tmp_path: Path) -> None:
     assert caught.value.code == "virt.libvirt.unreachable"
 
 
-# -- real QEMU ---------------------------------------------------------------------------
+# Real QEMU: tests/virt/test_libvirt_qemu.py (private libvirt daemons; never skipped in CI).
 
 
-def _qemu_binary() -> str | None:
-    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine(), platform.machine())
-    return shutil.which(f"qemu-system-{arch}")
+# -- the whole guest: shared, mixed, image-less -----------------------------------------
 
 
-@pytest.mark.skipif(_qemu_binary() is None, reason="no qemu-system binary for this arch on PATH")
-def test_smoke_on_real_qemu(tmp_path: Path) -> None:
-    cpu = min(os.sched_getaffinity(0))
-    topology = HostTopology(
-        cells=(Cell(0, frozenset(os.sched_getaffinity(0)), 1024),),
-        siblings={},
-        cpu_dedicated_set=frozenset(),
+def test_a_shared_cpu_guest_floats_over_the_shared_set(
+    driver: LibvirtDriver, conn: Any, ids: Callable[[], str]
+) -> None:
+    iid = ids()
+    guest = Guest(vcpus=2, memory_mb=256, name="web-1")
+    driver.spawn(iid, {}, [], 256, guest)  # refused with virt.libvirt.no_pins before
+    root = _xml(conn, iid)
+    shared = format_cpu_set(set(TOPOLOGY.cpu_shared_set))
+    vcpu = root.find("vcpu")
+    assert vcpu is not None
+    assert (vcpu.text, vcpu.get("cpuset")) == ("2", shared)
+    assert {p.get("vcpu"): p.get("cpuset") for p in root.findall("cputune/vcpupin")} == {
+        "0": shared,
+        "1": shared,
+    }
+    emulatorpin = root.find("cputune/emulatorpin")
+    assert emulatorpin is not None and emulatorpin.get("cpuset") == shared
+    assert root.find("numatune") is None
+    assert driver.running()[iid] == {"pins": {}, "state": InstanceState.RUNNING}
+    # Two shared guests share the shared CPUs: nothing is "taken".
+    other = ids()
+    driver.spawn(other, {}, [], 256, guest)
+    assert driver.running()[other]["pins"] == {}
+
+
+def test_a_mixed_guest_pins_some_vcpus_and_floats_the_rest(
+    driver: LibvirtDriver, conn: Any, ids: Callable[[], str]
+) -> None:
+    iid = ids()
+    guest = Guest(vcpus=3, memory_mb=512, pins={1: 0, 2: 8}, cells=(0,))
+    driver.spawn(iid, {1: 0, 2: 8}, [0], 512, guest)
+    root = _xml(conn, iid)
+    shared = format_cpu_set(set(TOPOLOGY.cpu_shared_set))
+    assert {p.get("vcpu"): p.get("cpuset") for p in root.findall("cputune/vcpupin")} == {
+        "0": shared,
+        "1": "0",
+        "2": "8",
+    }
+    cells = {c.get("id"): c.get("cpus") for c in root.findall("cpu/numa/cell")}
+    assert cells == {"0": "0-2"}
+    assert driver.running()[iid]["pins"] == {1: 0, 2: 8}
+    with pytest.raises(DriverError) as caught:
+        driver.spawn(ids(), {0: 8}, [0], 128)
+    assert caught.value.code == "virt.libvirt.pin_conflict"
+
+
+def test_shared_vcpus_need_a_shared_set(tmp_path: Path, ids: Callable[[], str]) -> None:
+    dedicated_only = HostTopology(
+        cells=TOPOLOGY.cells,
+        siblings=TOPOLOGY.siblings,
+        cpu_dedicated_set=TOPOLOGY.cpu_dedicated_set | TOPOLOGY.cpu_shared_set,
         cpu_shared_set=frozenset(),
     )
-    root = tmp_path / "embed"
-    root.mkdir()
+    d = LibvirtDriver(TEST_URI, dedicated_only, tmp_path / "d")
     try:
-        driver = LibvirtDriver(f"qemu:///embed?root={root}", topology, tmp_path / "disks")
-    except DriverError as exc:
-        pytest.skip(f"libvirt has no embedded QEMU driver here: {exc}")
-    iid = str(uuid.uuid4())
-    try:
-        driver.spawn(iid, {0: cpu}, [0], 128)
-        assert driver.running()[iid] == {"pins": {0: cpu}, "state": InstanceState.RUNNING}
-        assert len(b"".join(driver.read_disk(iid, 65536))) == 1024 * 1024
-        driver.power_off(iid)
-        assert driver.running()[iid]["state"] is InstanceState.SHUTOFF
+        with pytest.raises(DriverError) as caught:
+            d.spawn(ids(), {}, [], 128, Guest(vcpus=1, memory_mb=128))
+        assert caught.value.code == "virt.libvirt.no_shared_cpus"
     finally:
-        if iid in driver.running():
-            driver.destroy(iid)
-        driver.close()
+        d.close()
+
+
+def test_domains_are_tagged_and_have_a_serial_log(
+    driver: LibvirtDriver, conn: Any, ids: Callable[[], str]
+) -> None:
+    iid = ids()
+    driver.spawn(iid, {0: 1}, [0], 128, Guest(vcpus=1, memory_mb=128, pins={0: 1}, cells=(0,)))
+    root = _xml(conn, iid)
+    ns = {"s": METADATA_NS}
+    assert root.findtext("metadata/s:instance/s:id", namespaces=ns) == iid
+    serial = root.find("devices/serial/source")
+    assert serial is not None
+    assert serial.get("path") == str(driver.console_dir / f"{iid}.log")
+    assert driver.console_output(iid) == ""  # the test driver runs no guest
+    with pytest.raises(InstanceNotFound):
+        driver.console_output(ids())
+
+
+def test_destination_xml_carries_the_destination_claim() -> None:
+    source = domain_xml(
+        instance_id="vm-1",
+        domain_type="qemu",
+        arch="x86_64",
+        guest=Guest(vcpus=2, memory_mb=256, pins={0: 1, 1: 9}, cells=(0,)),
+        guest_cell_vcpus=[[0, 1]],
+        shared_cpus=frozenset({2, 3}),
+        disk=Path("/src/vm-1.qcow2"),
+        disk_format="qcow2",
+        console_log=Path("/src/console/vm-1.log"),
+    )
+    dest = ET.fromstring(
+        rewrite_for_destination(
+            source,
+            Guest(vcpus=2, memory_mb=256, pins={0: 5, 1: 13}, cells=(1,)),
+            shared_cpus=frozenset({6, 7}),
+            disk=Path("/dst/vm-1.qcow2"),
+            console_log=Path("/dst/console/vm-1.log"),
+        )
+    )
+    assert {p.get("vcpu"): p.get("cpuset") for p in dest.findall("cputune/vcpupin")} == {
+        "0": "5",
+        "1": "13",
+    }
+    emulatorpin = dest.find("cputune/emulatorpin")
+    assert emulatorpin is not None and emulatorpin.get("cpuset") == "5,13"
+    memory = dest.find("numatune/memory")
+    assert memory is not None and memory.get("nodeset") == "1"
+    memnode = dest.find("numatune/memnode")
+    assert memnode is not None and memnode.get("nodeset") == "1"
+    disk = dest.find("devices/disk/source")
+    assert disk is not None and disk.get("file") == "/dst/vm-1.qcow2"
+    serial = dest.find("devices/serial/source")
+    assert serial is not None and serial.get("path") == "/dst/console/vm-1.log"
+
+
+def test_topology_from_capabilities(conn: Any) -> None:
+    caps = conn.getCapabilities()
+    topo = host_topology(caps, cpu_dedicated_set=frozenset({0, 1}))
+    assert [c.id for c in topo.cells] == [0, 1]  # the test driver's host has 2 cells
+    assert topo.cpu_dedicated_set == {0, 1}
+    everything = frozenset().union(*(c.cpus for c in topo.cells))
+    assert topo.cpu_shared_set == everything - {0, 1}
+    assert host_topology(caps).cpu_shared_set == everything  # Nova's default: all shared

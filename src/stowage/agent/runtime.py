@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -12,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from stowage.virt.driver import Driver, DriverError, RunningInstance
+from stowage.virt.driver import Driver, DriverError, Guest, RunningInstance
 
 __all__ = ["Agent", "AgentConfig", "LagWatchdog", "OpResult", "percentile"]
 
@@ -187,14 +188,30 @@ class Agent:
     # -- operations ------------------------------------------------------------------
 
     async def spawn(
-        self, op_id: str, instance_id: str, pins: dict[int, int], cells: list[int], memory_mb: int
+        self,
+        op_id: str,
+        instance_id: str,
+        pins: dict[int, int],
+        cells: list[int],
+        memory_mb: int,
+        guest: Guest | None = None,
     ) -> OpResult:
         return await self._submit(
             op_id,
             "spawn",
             instance_id,
-            lambda: self.driver.spawn(instance_id, pins, cells, memory_mb),
+            lambda: self.driver.spawn(instance_id, pins, cells, memory_mb, guest),
         )
+
+    async def call(
+        self, op_id: str, operation: str, instance_id: str, fn: Callable[[], None]
+    ) -> OpResult:
+        """Any other driver operation, once per op id, in the driver pool."""
+        return await self._submit(op_id, operation, instance_id, fn)
+
+    async def in_driver_pool(self, fn: Callable[..., T], *args: Any) -> T:
+        """A driver read (console, migration progress) in the driver pool."""
+        return await self._in_pool(self._driver_pool, fn, *args)
 
     async def destroy(self, op_id: str, instance_id: str) -> OpResult:
         return await self._submit(
@@ -220,7 +237,7 @@ class Agent:
         """What the hypervisor runs, read in the driver pool."""
         return await self._in_pool(self._driver_pool, self.driver.running)
 
-    async def snapshot(self, instance_id: str, sink: Sink) -> int:
+    async def snapshot(self, instance_id: str, sink: Sink, disk_format: str | None = None) -> int:
         """Stream the instance's disk to `sink`, chunk by chunk; returns the bytes sent.
 
         Waits for a disk slot first; each chunk is read in the disk pool, so a saturated
@@ -231,7 +248,14 @@ class Agent:
             raise RuntimeError("agent not started")
         async with slots:
             chunks = await self._in_pool(
-                self._disk_pool, self.driver.read_disk, instance_id, self.config.chunk_bytes
+                self._disk_pool,
+                (
+                    self.driver.read_disk
+                    if disk_format is None
+                    else functools.partial(self.driver.read_disk, disk_format=disk_format)
+                ),
+                instance_id,
+                self.config.chunk_bytes,
             )
             sent = 0
             try:

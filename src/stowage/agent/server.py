@@ -14,6 +14,7 @@ operation then runs again from the start, which every operation here allows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -21,13 +22,40 @@ from typing import Any, Protocol
 
 from stowage.agent.runtime import Agent, AgentConfig, OpResult
 from stowage.bus.base import Transport, compute_topic, control_topic
-from stowage.virt.driver import Driver, DriverCrashed, InstanceNotFound, InstanceState
+from stowage.virt.driver import (
+    Driver,
+    DriverCrashed,
+    DriverError,
+    Guest,
+    InstanceNotFound,
+    InstanceState,
+    MigrationProgress,
+    MigrationTarget,
+)
 
 __all__ = ["AgentServer", "ImageSink", "ImageUpload", "compute_topic", "control_topic"]
 
 log = logging.getLogger(__name__)
 
 Payload = dict[str, Any]
+
+# Driver operations served as they are (see `AgentServer._guest_method`).
+_GUEST_METHODS = frozenset(
+    {
+        "console_output",
+        "pause",
+        "unpause",
+        "suspend",
+        "resume",
+        "prepare_migration",
+        "live_migrate",
+        "migration_progress",
+        "finish_migration",
+        "abort_migration",
+        "force_complete_migration",
+        "rollback_migration",
+    }
+)
 
 
 class ImageUpload(Protocol):
@@ -42,6 +70,12 @@ class ImageUpload(Protocol):
 
 ImageSink = Callable[[str, Payload], Awaitable[ImageUpload]]
 """Opens the upload of an image's data: `(image_id, context) -> upload`."""
+
+
+_UNLOCKED = frozenset(
+    {"console_output", "migration_progress", "abort_migration", "force_complete_migration"}
+)
+_NO_LOCK = contextlib.nullcontext()
 
 
 class _Crashed(Exception):
@@ -75,6 +109,8 @@ class AgentServer:
         self._locks: dict[str, asyncio.Lock] = {}
         self.crashes = 0
         self.ops_done: dict[str, int] = {}
+        # The last progress of each live migration this host sends, by instance id.
+        self.migration_progress: dict[str, dict[str, int]] = {}
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -121,7 +157,13 @@ class AgentServer:
         while True:
             await self._up.wait()
             instance_id = str(payload.get("instance_id", ""))
-            lock = self._locks.setdefault(instance_id, asyncio.Lock())
+            # Reads and the calls that act on a running migration job must not queue
+            # behind the migration itself.
+            lock = (
+                _NO_LOCK
+                if method in _UNLOCKED
+                else self._locks.setdefault(instance_id, asyncio.Lock())
+            )
             try:
                 async with lock:
                     await self._up.wait()
@@ -146,6 +188,7 @@ class AgentServer:
                 return await self._result(await agent.power_on(op_id + ":resume", instance_id))
             if present is not None:
                 await self._result(await agent.destroy(op_id + ":stale", instance_id))
+            guest = Guest.from_payload(payload) if payload.get("vcpus") else None
             return await self._result(
                 await agent.spawn(
                     op_id,
@@ -153,6 +196,7 @@ class AgentServer:
                     pins,
                     [int(c) for c in payload.get("cells") or []],
                     int(payload.get("memory_mb") or 0),
+                    guest,
                 )
             )
         if method == "destroy":
@@ -165,9 +209,55 @@ class AgentServer:
             return await self._result(await call(op_id, instance_id))
         if method == "snapshot":
             return await self._snapshot(instance_id, payload)
+        if method in _GUEST_METHODS:
+            return await self._guest_method(method, payload, op_id)
         if method == "running":
             return {"ok": True, "instances": _running_view(await agent.running())}
         return {"ok": False, "code": "agent.method.unknown", "error": f"no method {method!r}"}
+
+    async def _guest_method(self, method: str, payload: Payload, op_id: str) -> Payload:
+        """Console, pause/suspend and the live-migration phases, straight to the driver."""
+        instance_id = str(payload.get("instance_id", ""))
+        driver, agent = self.driver, self.agent
+        try:
+            if method == "console_output":
+                length = payload.get("length")
+                text = await agent.in_driver_pool(
+                    driver.console_output, instance_id, None if length is None else int(length)
+                )
+                return {"ok": True, "output": text}
+            if method == "migration_progress":
+                seen = await agent.in_driver_pool(driver.migration_progress, instance_id)
+                return {"ok": True, "progress": None if seen is None else dict(seen.__dict__)}
+            if method == "prepare_migration":
+                guest = Guest.from_payload(payload)
+                handle = await agent.in_driver_pool(driver.prepare_migration, instance_id, guest)
+                return {"ok": True, "handle": handle}
+        except DriverError as exc:
+            return {"ok": False, "code": exc.code, "error": exc.message}
+        if method == "live_migrate":
+            target = MigrationTarget(
+                host=str(payload["dest"]),
+                guest=Guest.from_payload(payload["dest_guest"]),
+                handle=dict(payload["handle"]),
+            )
+            progress = self.migration_progress.setdefault(instance_id, {})
+
+            def record(seen: MigrationProgress) -> None:
+                progress.update(seen.__dict__)
+
+            return await self._result(
+                await agent.call(
+                    op_id,
+                    method,
+                    instance_id,
+                    lambda: driver.migrate(instance_id, target, record),
+                )
+            )
+        call = getattr(driver, method)
+        return await self._result(
+            await agent.call(op_id, method, instance_id, lambda: call(instance_id))
+        )
 
     async def _result(self, result: OpResult) -> Payload:
         if result.ok:
@@ -179,7 +269,10 @@ class AgentServer:
             return {"ok": False, "code": "agent.snapshot.no_sink", "error": "no image service"}
         upload = await self.image_sink(str(payload["image_id"]), payload)
         try:
-            sent = await self.agent.snapshot(instance_id, upload.write)
+            disk_format = payload.get("disk_format")
+            sent = await self.agent.snapshot(
+                instance_id, upload.write, None if disk_format is None else str(disk_format)
+            )
         except DriverCrashed as exc:
             await upload.abort()
             raise _Crashed(str(exc)) from None

@@ -693,6 +693,7 @@ def snapshot_server(
             step="snapshot",
             payload={
                 "image_id": created["id"],
+                "disk_format": created.get("disk_format"),
                 "project_id": caller.project_id,
                 "request_id": request_id,
             },

@@ -52,6 +52,7 @@ from stowage.ledger.operations import Operation, Operations
 from stowage.ledger.schema import allocations, consumers, hosts, numa_claims, pins
 from stowage.services.caller import SystemCaller
 from stowage.services.cloud import Cloud
+from stowage.services.guest_spec import guest_payload
 from stowage.services.migrations import REQUESTS, settled_status
 
 __all__ = ["Conductor", "ConductorConfig", "claim_of", "conductor_config"]
@@ -390,7 +391,8 @@ class Conductor:
         claim = await asyncio.to_thread(claim_of, self.cloud, op.instance_id)
         if claim is None:
             raise NotFound(f"instance {op.instance_id} holds no claim")
-        reply = await self._call(op, "spawn", claim)
+        guest = await asyncio.to_thread(guest_payload, self.cloud, op.instance_id)
+        reply = await self._call(op, "spawn", {**guest, **claim})
         await asyncio.to_thread(self._spawned, op, reply)
 
     def _spawned(self, op: Operation, reply: Reply) -> None:
@@ -530,8 +532,11 @@ class Conductor:
         claim = await asyncio.to_thread(claim_of, self.cloud, op.migration_id)
         if claim is None:
             raise NotFound(f"migration {op.migration_id} holds no claim")
+        guest = await asyncio.to_thread(
+            guest_payload, self.cloud, op.instance_id, flavor=record.get("new_flavor")
+        )
         try:
-            reply = await self._call(op, "spawn", claim)
+            reply = await self._call(op, "spawn", {**guest, **claim})
         except _Wait as why:
             # Unknown on the destination: the record says so (error), both ends stay held,
             # and the destination is cleaned up as soon as it answers again.

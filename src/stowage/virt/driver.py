@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, TypedDict, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from stowage.domain.errors import StowageError
 
@@ -12,9 +13,16 @@ __all__ = [
     "Driver",
     "DriverCrashed",
     "DriverError",
+    "Guest",
+    "ImageSpec",
     "InstanceNotFound",
     "InstanceState",
+    "MigrationProgress",
+    "MigrationTarget",
+    "Nic",
     "RunningInstance",
+    "check_guest",
+    "guest_for",
 ]
 
 
@@ -23,6 +31,8 @@ class InstanceState(StrEnum):
 
     RUNNING = "running"
     SHUTOFF = "shutoff"
+    PAUSED = "paused"
+    SUSPENDED = "suspended"
 
 
 class RunningInstance(TypedDict):
@@ -30,6 +40,128 @@ class RunningInstance(TypedDict):
 
     pins: dict[int, int]
     state: InstanceState
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """The image a guest boots from, as the image API describes it."""
+
+    id: str
+    disk_format: str = "raw"
+    size: int = 0
+    checksum: str | None = None  # md5, Glance's `checksum`
+    hash_algo: str | None = None  # Glance's `os_hash_algo` (sha512) ...
+    hash_value: str | None = None  # ... and `os_hash_value`
+
+
+@dataclass(frozen=True)
+class Nic:
+    """One port of the guest."""
+
+    mac: str
+    ips: tuple[str, ...] = ()
+    network_id: str = ""
+    port_id: str = ""
+
+
+@dataclass(frozen=True)
+class Guest:
+    """Everything a hypervisor needs to build one guest.
+
+    `pins` maps the dedicated guest vCPUs to host CPUs and `cells` are their host NUMA cells
+    (guest cell i on host cell `cells[i]`); the other vCPUs (all of them for a shared-CPU
+    flavor, some for a mixed one) float over `shared_cpus`, the host's shared CPU set.
+    """
+
+    vcpus: int
+    memory_mb: int
+    root_gb: int = 0
+    pins: Mapping[int, int] = field(default_factory=dict)
+    cells: tuple[int, ...] = ()
+    shared_cpus: frozenset[int] = frozenset()
+    image: ImageSpec | None = None
+    nics: tuple[Nic, ...] = ()
+    user_data: str | None = None
+    name: str = ""
+
+    @classmethod
+    def of_claim(cls, pins: Mapping[int, int], cells: list[int], memory_mb: int) -> Guest:
+        """A guest from a claim alone: every vCPU dedicated, no image, no NICs."""
+        return cls(vcpus=len(pins), memory_mb=memory_mb, pins=dict(pins), cells=tuple(cells))
+
+    @property
+    def shared_vcpus(self) -> list[int]:
+        """The guest vCPUs that are not pinned, in order."""
+        return [v for v in range(self.vcpus) if v not in self.pins]
+
+    def to_payload(self) -> dict[str, Any]:
+        """A JSON-safe form, for the bus."""
+        return {
+            "vcpus": self.vcpus,
+            "memory_mb": self.memory_mb,
+            "root_gb": self.root_gb,
+            "pins": {str(k): v for k, v in sorted(self.pins.items())},
+            "cells": list(self.cells),
+            "shared_cpus": sorted(self.shared_cpus),
+            "image": None if self.image is None else dict(self.image.__dict__),
+            "nics": [
+                {"mac": n.mac, "ips": list(n.ips), "network_id": n.network_id, "port_id": n.port_id}
+                for n in self.nics
+            ],
+            "user_data": self.user_data,
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> Guest:
+        """The inverse of `to_payload`; a bare claim (pins, cells, memory_mb) works too."""
+        pins = {int(k): int(v) for k, v in dict(payload.get("pins") or {}).items()}
+        image = payload.get("image")
+        return cls(
+            vcpus=int(payload.get("vcpus") or len(pins)),
+            memory_mb=int(payload.get("memory_mb") or 0),
+            root_gb=int(payload.get("root_gb") or 0),
+            pins=pins,
+            cells=tuple(int(c) for c in payload.get("cells") or ()),
+            shared_cpus=frozenset(int(c) for c in payload.get("shared_cpus") or ()),
+            image=None if not image else ImageSpec(**dict(image)),
+            nics=tuple(
+                Nic(
+                    mac=str(n["mac"]),
+                    ips=tuple(str(ip) for ip in n.get("ips") or ()),
+                    network_id=str(n.get("network_id") or ""),
+                    port_id=str(n.get("port_id") or ""),
+                )
+                for n in payload.get("nics") or ()
+            ),
+            user_data=payload.get("user_data"),
+            name=str(payload.get("name") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class MigrationTarget:
+    """Where a live migration goes: what the destination's `prepare_migration` answered,
+    and the guest as the destination's claim describes it (its own pins and cells)."""
+
+    host: str
+    guest: Guest
+    handle: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MigrationProgress:
+    """One look at a running migration job (bytes as libvirt's job info counts them)."""
+
+    memory_total_bytes: int = 0
+    memory_processed_bytes: int = 0
+    memory_remaining_bytes: int = 0
+    disk_total_bytes: int = 0
+    disk_processed_bytes: int = 0
+    disk_remaining_bytes: int = 0
+
+
+ProgressCallback = Callable[[MigrationProgress], None]
 
 
 class DriverError(StowageError):
@@ -52,6 +184,37 @@ class DriverCrashed(Exception):
     """
 
 
+def guest_for(pins: dict[int, int], cells: list[int], memory_mb: int, guest: Guest | None) -> Guest:
+    """The guest to build: `guest` with the claim's pins, cells and memory, or the claim."""
+    if guest is None:
+        return Guest.of_claim(pins, cells, memory_mb)
+    return Guest(
+        vcpus=guest.vcpus,
+        memory_mb=memory_mb or guest.memory_mb,
+        root_gb=guest.root_gb,
+        pins=dict(pins),
+        cells=tuple(cells),
+        shared_cpus=guest.shared_cpus,
+        image=guest.image,
+        nics=guest.nics,
+        user_data=guest.user_data,
+        name=guest.name,
+    )
+
+
+def check_guest(guest: Guest) -> None:
+    """What any hypervisor refuses: no vCPUs, no memory, pins naming vCPUs the guest lacks."""
+    if guest.vcpus < 1:
+        raise DriverError("a guest needs at least one vCPU", code="virt.guest.no_vcpus")
+    if any(v < 0 or v >= guest.vcpus for v in guest.pins):
+        raise DriverError(
+            f"pins name vCPUs outside 0..{guest.vcpus - 1}: {sorted(guest.pins)}",
+            code="virt.guest.bad_vcpus",
+        )
+    if guest.memory_mb <= 0:
+        raise DriverError("a guest needs memory", code="virt.guest.no_memory")
+
+
 @runtime_checkable
 class Driver(Protocol):
     """A hypervisor on one host.
@@ -62,9 +225,18 @@ class Driver(Protocol):
     """
 
     def spawn(
-        self, instance_id: str, pins: dict[int, int], cells: list[int], memory_mb: int
+        self,
+        instance_id: str,
+        pins: dict[int, int],
+        cells: list[int],
+        memory_mb: int,
+        guest: Guest | None = None,
     ) -> None:
-        """Create the instance's disk, define it with these pins and NUMA cells, start it."""
+        """Create the instance's disk, define it with these pins and NUMA cells, start it.
+
+        `guest` describes the whole guest (vCPUs, shared CPUs, image, NICs, ...); without it
+        the guest is the claim alone (`Guest.of_claim`). Its pins, cells and memory win.
+        """
         ...
 
     def destroy(self, instance_id: str) -> None:
@@ -87,9 +259,70 @@ class Driver(Protocol):
         """Every instance the hypervisor knows, by instance id."""
         ...
 
-    def read_disk(self, instance_id: str, chunk_bytes: int) -> Iterator[bytes]:
-        """The instance's disk data in chunks of at most `chunk_bytes`, for snapshots.
+    def read_disk(
+        self, instance_id: str, chunk_bytes: int, disk_format: str | None = None
+    ) -> Iterator[bytes]:
+        """The instance's disk data in chunks of at most `chunk_bytes`, for snapshots, as one
+        standalone image in `disk_format` (raw or qcow2; default: what the guest booted from).
 
         Each `next()` may block on the disk; the caller closes the iterator when done.
         """
+        ...
+
+    def console_output(self, instance_id: str, length: int | None = None) -> str:
+        """The guest's serial console so far; its last `length` lines if given."""
+        ...
+
+    def pause(self, instance_id: str) -> None:
+        """Freeze the guest's vCPUs, keeping its memory where it is."""
+        ...
+
+    def unpause(self, instance_id: str) -> None:
+        """Let a paused guest run again."""
+        ...
+
+    def suspend(self, instance_id: str) -> None:
+        """Save the guest's memory to disk and stop it."""
+        ...
+
+    def resume(self, instance_id: str) -> None:
+        """Start a suspended guest from its saved memory."""
+        ...
+
+    # -- live migration, in Nova's phases -------------------------------------------
+
+    def prepare_migration(self, instance_id: str, guest: Guest) -> dict[str, Any]:
+        """On the destination: make room for an incoming guest (its disk on the cached
+        image); the answer is the handle the source's `migrate` needs (JSON-safe)."""
+        ...
+
+    def migrate(
+        self,
+        instance_id: str,
+        target: MigrationTarget,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        """On the source: move the running guest to `target`, defined there with the
+        target guest's pins and cells; returns once the guest runs there. On failure the
+        guest still runs here."""
+        ...
+
+    def migration_progress(self, instance_id: str) -> MigrationProgress | None:
+        """The running migration job of this guest, None when there is none."""
+        ...
+
+    def finish_migration(self, instance_id: str) -> None:
+        """On the destination, once `migrate` returned: the guest runs here now."""
+        ...
+
+    def abort_migration(self, instance_id: str) -> None:
+        """Cancel the running migration job; the guest stays here."""
+        ...
+
+    def force_complete_migration(self, instance_id: str) -> None:
+        """Pause the guest so that the copy converges (Nova's force-complete)."""
+        ...
+
+    def rollback_migration(self, instance_id: str) -> None:
+        """On the destination: drop what `prepare_migration` made (no running guest)."""
         ...

@@ -1,11 +1,20 @@
-"""The libvirt hypervisor driver: pinned, NUMA-placed domains from a claim, via libvirt-python."""
+"""The libvirt hypervisor driver: real guests from the image API, placed by the claim.
+
+Disks are qcow2 overlays on a per-host image cache; the serial console goes to a log file;
+dedicated vCPUs are pinned with strict NUMA memory, shared ones float over the host's shared
+CPU set; live migration goes through libvirt with the destination's own pins in its XML.
+Domains carry Stowage's metadata: any other domain on the host is left alone.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import re
+import shutil
+import tempfile
 import threading
 import uuid
 import xml.etree.ElementTree as ET
@@ -15,18 +24,36 @@ from typing import Any, TypeVar
 
 import libvirt
 
-from stowage.domain.topology import HostTopology, format_cpu_set, parse_cpu_set
+from stowage.domain.topology import Cell, HostTopology, format_cpu_set, parse_cpu_set
 from stowage.virt.driver import (
     DriverCrashed,
     DriverError,
+    Guest,
     InstanceNotFound,
     InstanceState,
+    MigrationProgress,
+    MigrationTarget,
+    ProgressCallback,
     RunningInstance,
+    guest_for,
 )
+from stowage.virt.images import ImageCache, ImageFetcher, qemu_img, virtual_size
 
-__all__ = ["DOMAIN_PREFIX", "LibvirtDriver", "LifecycleCallback", "domain_xml", "parse_pins"]
+__all__ = [
+    "DOMAIN_PREFIX",
+    "METADATA_NS",
+    "LibvirtDriver",
+    "LifecycleCallback",
+    "domain_xml",
+    "host_topology",
+    "parse_pins",
+]
+
+log = logging.getLogger(__name__)
 
 DOMAIN_PREFIX = "instance-"
+METADATA_NS = "https://stowage.dev/xmlns/libvirt/instance/1"
+METADATA_KEY = "stowage"
 
 # Instance ids become a domain name and a file name: keep them to a safe alphabet.
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -69,42 +96,40 @@ def domain_xml(
     instance_id: str,
     domain_type: str,
     arch: str,
-    pins: dict[int, int],
-    cells: list[int],
+    guest: Guest,
     guest_cell_vcpus: list[list[int]],
-    memory_mb: int,
+    shared_cpus: frozenset[int],
     disk: Path,
+    disk_format: str = "raw",
+    console_log: Path | None = None,
 ) -> str:
-    """The domain definition: vCPU and emulator pins, strict NUMA memory, guest cells, one disk.
+    """The domain definition from the whole guest.
 
-    Guest cell i is backed by host cell `cells[i]` and holds `guest_cell_vcpus[i]`; memory
-    is split evenly between the guest cells (the remainder goes to the first ones).
+    Dedicated vCPUs get a `vcpupin` each, strict NUMA memory and guest cells (guest cell i on
+    host cell `guest.cells[i]`, holding `guest_cell_vcpus[i]`, memory split evenly); shared
+    vCPUs are pinned to the host's shared CPU set, as Nova does, and so is the emulator when
+    there are any (else the emulator runs on the dedicated CPUs).
     """
     root = ET.Element("domain", type=domain_type)
     ET.SubElement(root, "name").text = DOMAIN_PREFIX + instance_id
     ET.SubElement(root, "uuid").text = _domain_uuid(instance_id)
-    ET.SubElement(root, "memory", unit="MiB").text = str(memory_mb)
-    ET.SubElement(root, "vcpu", placement="static").text = str(len(pins))
+    metadata = ET.SubElement(root, "metadata")
+    tag = ET.SubElement(metadata, f"{{{METADATA_NS}}}instance")
+    ET.SubElement(tag, f"{{{METADATA_NS}}}id").text = instance_id
+    ET.SubElement(tag, f"{{{METADATA_NS}}}name").text = guest.name
+    if guest.image is not None:
+        ET.SubElement(tag, f"{{{METADATA_NS}}}image").text = guest.image.id
+    ET.SubElement(tag, f"{{{METADATA_NS}}}shared-vcpus").text = format_cpu_set(
+        set(guest.shared_vcpus)
+    )
+    ET.SubElement(root, "memory", unit="MiB").text = str(guest.memory_mb)
+    shared_vcpus = guest.shared_vcpus
+    vcpu_attrs = {"placement": "static"}
+    if shared_vcpus and not guest.pins:
+        vcpu_attrs["cpuset"] = format_cpu_set(set(shared_cpus))
+    ET.SubElement(root, "vcpu", vcpu_attrs).text = str(guest.vcpus)
 
-    cputune = ET.SubElement(root, "cputune")
-    for vcpu in sorted(pins):
-        ET.SubElement(cputune, "vcpupin", vcpu=str(vcpu), cpuset=str(pins[vcpu]))
-    ET.SubElement(cputune, "emulatorpin", cpuset=format_cpu_set(set(pins.values())))
-
-    numatune = ET.SubElement(root, "numatune")
-    ET.SubElement(numatune, "memory", mode="strict", nodeset=format_cpu_set(set(cells)))
-    for guest_cell, host_cell in enumerate(cells):
-        ET.SubElement(
-            numatune, "memnode", cellid=str(guest_cell), mode="strict", nodeset=str(host_cell)
-        )
-
-    cpu = ET.SubElement(root, "cpu")
-    numa = ET.SubElement(cpu, "numa")
-    for guest_cell, cell_mb in enumerate(_split_memory(memory_mb, len(cells))):
-        attrs = {"id": str(guest_cell), "memory": str(cell_mb), "unit": "MiB"}
-        if guest_cell_vcpus[guest_cell]:
-            attrs["cpus"] = format_cpu_set(set(guest_cell_vcpus[guest_cell]))
-        ET.SubElement(numa, "cell", attrs)
+    _placement(root, guest, guest_cell_vcpus, shared_cpus)
 
     os_el = ET.SubElement(root, "os")
     ET.SubElement(os_el, "type", arch=arch).text = "hvm"
@@ -115,10 +140,59 @@ def domain_xml(
 
     devices = ET.SubElement(root, "devices")
     disk_el = ET.SubElement(devices, "disk", type="file", device="disk")
-    ET.SubElement(disk_el, "driver", name="qemu", type="raw")
+    ET.SubElement(disk_el, "driver", name="qemu", type=disk_format)
     ET.SubElement(disk_el, "source", file=str(disk))
     ET.SubElement(disk_el, "target", dev="vda", bus="virtio")
+    for nic in guest.nics:
+        iface = ET.SubElement(devices, "interface", type="user")
+        ET.SubElement(iface, "mac", address=nic.mac)
+        ET.SubElement(iface, "model", type="virtio")
+    if console_log is not None:
+        serial = ET.SubElement(devices, "serial", type="file")
+        ET.SubElement(serial, "source", path=str(console_log), append="on")
+        ET.SubElement(serial, "target", port="0")
     return ET.tostring(root, encoding="unicode")
+
+
+def _placement(
+    root: ET.Element, guest: Guest, guest_cell_vcpus: list[list[int]], shared_cpus: frozenset[int]
+) -> None:
+    """`cputune`, `numatune` and the guest's NUMA cells."""
+    shared_vcpus = guest.shared_vcpus
+    cputune = ET.SubElement(root, "cputune")
+    for vcpu in range(guest.vcpus):
+        if vcpu in guest.pins:
+            ET.SubElement(cputune, "vcpupin", vcpu=str(vcpu), cpuset=str(guest.pins[vcpu]))
+        else:
+            ET.SubElement(
+                cputune, "vcpupin", vcpu=str(vcpu), cpuset=format_cpu_set(set(shared_cpus))
+            )
+    emulator = set(shared_cpus) if shared_vcpus else set(guest.pins.values())
+    ET.SubElement(cputune, "emulatorpin", cpuset=format_cpu_set(emulator))
+
+    if guest.cells:
+        numatune = ET.SubElement(root, "numatune")
+        ET.SubElement(numatune, "memory", mode="strict", nodeset=format_cpu_set(set(guest.cells)))
+        for guest_cell, host_cell in enumerate(guest.cells):
+            ET.SubElement(
+                numatune, "memnode", cellid=str(guest_cell), mode="strict", nodeset=str(host_cell)
+            )
+        cpu = ET.SubElement(root, "cpu")
+        numa = ET.SubElement(cpu, "numa")
+        for guest_cell, cell_mb in enumerate(_split_memory(guest.memory_mb, len(guest.cells))):
+            attrs = {"id": str(guest_cell), "memory": str(cell_mb), "unit": "MiB"}
+            vcpus = set(guest_cell_vcpus[guest_cell])
+            if guest_cell == 0:
+                vcpus |= set(shared_vcpus)  # a mixed guest's shared vCPUs sit in its cell 0
+            if vcpus:
+                attrs["cpus"] = format_cpu_set(vcpus)
+            ET.SubElement(numa, "cell", attrs)
+
+
+def is_ours(xml: str) -> str | None:
+    """The instance id in a domain's Stowage metadata; None for a domain Stowage did not make."""
+    root = ET.fromstring(xml)
+    return root.findtext(f"./metadata/{{{METADATA_NS}}}instance/{{{METADATA_NS}}}id")
 
 
 def parse_pins(xml: str) -> dict[int, int]:
@@ -136,17 +210,6 @@ def parse_pins(xml: str) -> dict[int, int]:
         if cpus:
             pins[int(vcpu)] = min(cpus)
     return pins
-
-
-def pinned_cpus(xml: str) -> frozenset[int]:
-    """Every host CPU some vCPU of this domain is pinned to."""
-    root = ET.fromstring(xml)
-    out: set[int] = set()
-    for pin in root.findall("./cputune/vcpupin"):
-        cpuset = pin.get("cpuset")
-        if cpuset:
-            out |= parse_cpu_set(cpuset, what="vcpupin cpuset")
-    return frozenset(out)
 
 
 def _split_memory(memory_mb: int, parts: int) -> list[int]:
@@ -168,21 +231,45 @@ def check_claim(
     cells: list[int],
     memory_mb: int,
     taken: dict[int, str],
+    guest: Guest | None = None,
+    shared_cpus: frozenset[int] = frozenset(),
 ) -> list[list[int]]:
     """Check a claim against the host before defining anything; the vCPUs of each guest cell.
 
-    `taken` maps host CPUs already pinned by other domains to their domain names. libvirt's
-    test driver (and QEMU, until the guest starts) checks none of this, so we do.
+    `taken` maps host CPUs already pinned by other Stowage domains to their domain names.
+    libvirt's test driver (and QEMU, until the guest starts) checks none of this, so we do.
     """
-    if not pins:
-        raise DriverError("an instance needs at least one pinned vCPU", code="virt.libvirt.no_pins")
-    if sorted(pins) != list(range(len(pins))):
+    vcpus = guest.vcpus if guest is not None else len(pins)
+    if vcpus < 1:
+        raise DriverError("an instance needs at least one vCPU", code="virt.libvirt.no_pins")
+    if any(v < 0 or v >= vcpus for v in pins) or (
+        guest is None and sorted(pins) != list(range(len(pins)))
+    ):
         raise DriverError(
-            f"guest vCPUs must be numbered 0..{len(pins) - 1}, got {sorted(pins)}",
+            f"guest vCPUs must be numbered 0..{vcpus - 1}, got {sorted(pins)}",
             code="virt.libvirt.bad_vcpus",
         )
     if memory_mb <= 0:
         raise DriverError("memory_mb must be positive", code="virt.libvirt.bad_memory")
+    host_cpus = frozenset().union(*(cell.cpus for cell in topology.cells))
+    if len(pins) < vcpus:
+        if not shared_cpus:
+            raise DriverError(
+                f"{vcpus - len(pins)} shared vCPUs, but this host has no cpu_shared_set",
+                code="virt.libvirt.no_shared_cpus",
+            )
+        if not shared_cpus <= host_cpus:
+            raise DriverError(
+                f"shared CPUs {format_cpu_set(set(shared_cpus - host_cpus))} are not on this host",
+                code="virt.libvirt.shared_not_on_host",
+            )
+    if not pins:
+        if cells and len(set(cells)) != len(cells):
+            raise DriverError(
+                f"cells must name distinct host NUMA cells, got {cells}",
+                code="virt.libvirt.bad_cells",
+            )
+        return [[] for _ in cells]
     if not cells or len(set(cells)) != len(cells):
         raise DriverError(
             f"cells must name distinct host NUMA cells, got {cells}", code="virt.libvirt.bad_cells"
@@ -198,7 +285,6 @@ def check_claim(
         raise DriverError(
             f"host has no NUMA cell {unknown_cells}", code="virt.libvirt.cell_not_on_host"
         )
-    host_cpus = frozenset().union(*(cell.cpus for cell in topology.cells))
     if len(set(pins.values())) != len(pins):
         raise DriverError(
             "two guest vCPUs are pinned to the same host CPU", code="virt.libvirt.pin_conflict"
@@ -225,6 +311,45 @@ def check_claim(
     return guest_cell_vcpus
 
 
+def host_topology(
+    capabilities: str,
+    *,
+    cpu_dedicated_set: frozenset[int] | None = None,
+    cpu_shared_set: frozenset[int] | None = None,
+) -> HostTopology:
+    """The host's NUMA cells, CPUs and thread siblings from libvirt's capabilities XML.
+
+    Without `cpu_dedicated_set` and `cpu_shared_set`, every CPU is shared (Nova's default);
+    with only one of them, the other is the rest of the host.
+    """
+    root = ET.fromstring(capabilities)
+    cells: list[Cell] = []
+    siblings: dict[int, frozenset[int]] = {}
+    for cell_el in root.findall("./host/topology/cells/cell"):
+        cpus: set[int] = set()
+        for cpu_el in cell_el.findall("./cpus/cpu"):
+            cpu = int(cpu_el.get("id", "0"))
+            cpus.add(cpu)
+            sib = parse_cpu_set(cpu_el.get("siblings") or str(cpu), what="siblings")
+            if sib - {cpu}:
+                siblings[cpu] = frozenset(sib - {cpu})
+        memory_kib = int(cell_el.findtext("memory") or "0")
+        cells.append(Cell(int(cell_el.get("id", "0")), frozenset(cpus), memory_kib // 1024))
+    if not cells:
+        raise DriverError("libvirt reports no NUMA topology", code="virt.libvirt.no_topology")
+    all_cpus = frozenset().union(*(c.cpus for c in cells))
+    if cpu_dedicated_set is None and cpu_shared_set is None:
+        dedicated, shared = frozenset[int](), all_cpus
+    elif cpu_dedicated_set is None:
+        assert cpu_shared_set is not None
+        shared, dedicated = cpu_shared_set, all_cpus - cpu_shared_set
+    elif cpu_shared_set is None:
+        dedicated, shared = cpu_dedicated_set, all_cpus - cpu_dedicated_set
+    else:
+        dedicated, shared = cpu_dedicated_set, cpu_shared_set
+    return HostTopology(tuple(cells), siblings, frozenset(dedicated), frozenset(shared))
+
+
 # -- the driver ----------------------------------------------------------------------------
 
 
@@ -232,23 +357,34 @@ class LibvirtDriver:
     """A `Driver` over one libvirt connection (`qemu:///system`, `test:///default`, ...).
 
     Thread-safe: libvirt connections are, and `_define_lock` makes "check the pins, then
-    define" atomic among this driver's callers. Disks are raw files in `disk_dir`.
+    define" atomic among this driver's callers. `disk_dir` holds the instances' disks
+    (`<id>.qcow2` overlays on `images/`, or a blank `<id>.img` for a guest with no image)
+    and their serial console logs (`console/<id>.log`).
     """
 
     def __init__(
         self,
         uri: str,
-        topology: HostTopology,
+        topology: HostTopology | None,
         disk_dir: Path,
         *,
         disk_bytes: int = 1024 * 1024,
         on_lifecycle: LifecycleCallback | None = None,
+        virt_type: str | None = None,
+        image_fetcher: ImageFetcher | None = None,
+        image_dir: Path | None = None,
+        cpu_dedicated_set: frozenset[int] | None = None,
+        cpu_shared_set: frozenset[int] | None = None,
+        migration_uri: str | None = None,
     ) -> None:
         self.uri = uri
-        self.topology = topology
         self.disk_dir = Path(disk_dir)
         self.disk_dir.mkdir(parents=True, exist_ok=True)
+        self.console_dir = self.disk_dir / "console"
+        self.console_dir.mkdir(exist_ok=True)
+        self.images = ImageCache(image_dir or self.disk_dir / "images", image_fetcher)
         self.disk_bytes = disk_bytes
+        self.migration_uri = migration_uri  # where QEMU on this host takes incoming memory
         self._define_lock = threading.Lock()
         self._conn_lock = threading.Lock()
         self._on_lifecycle = on_lifecycle
@@ -257,43 +393,68 @@ class LibvirtDriver:
         # Before the first open: events and `qemu:///embed` need libvirt's event loop.
         _ensure_event_loop()
         self._conn: Any = self._open()
-        self.domain_type, self.arch = _guest_type(_call(lambda: str(self._conn.getCapabilities())))
+        capabilities = _call(lambda: str(self._conn.getCapabilities()))
+        self.host_uuid = ET.fromstring(capabilities).findtext("./host/uuid") or ""
+        self.topology = topology or host_topology(
+            capabilities, cpu_dedicated_set=cpu_dedicated_set, cpu_shared_set=cpu_shared_set
+        )
+        best, self.arch = _guest_type(capabilities)
+        if virt_type is None:
+            virt_type = best
+        elif virt_type not in _guest_types(capabilities, self.arch):
+            raise DriverError(
+                f"virt_type {virt_type!r} is not offered by {uri} "
+                f"(offered: {sorted(_guest_types(capabilities, self.arch))})",
+                code="virt.libvirt.bad_virt_type",
+            )
+        self.domain_type = virt_type
         if on_lifecycle is not None:
             self._register_events()
 
     # -- Driver ----------------------------------------------------------------------
 
     def spawn(
-        self, instance_id: str, pins: dict[int, int], cells: list[int], memory_mb: int
+        self,
+        instance_id: str,
+        pins: dict[int, int],
+        cells: list[int],
+        memory_mb: int,
+        guest: Guest | None = None,
     ) -> None:
         _check_id(instance_id)
-        disk = self._disk_path(instance_id)
+        legacy = guest is None
+        guest = guest_for(pins, cells, memory_mb, guest)
+        shared = guest.shared_cpus or self.topology.cpu_shared_set
         with self._define_lock:
             if self._lookup(instance_id) is not None:
                 raise DriverError(f"instance {instance_id} already exists", code="virt.exists")
             guest_cell_vcpus = check_claim(
-                self.topology, pins, cells, memory_mb, self._pinned_by_others()
+                self.topology,
+                dict(guest.pins),
+                list(guest.cells),
+                guest.memory_mb,
+                self._pinned_by_others(),
+                None if legacy else guest,
+                shared,
             )
+            disk, disk_format = self._create_disk(instance_id, guest)
+            console = self._console_path(instance_id)
+            console.unlink(missing_ok=True)
             xml = domain_xml(
                 instance_id=instance_id,
                 domain_type=self.domain_type,
                 arch=self.arch,
-                pins=pins,
-                cells=cells,
+                guest=guest,
                 guest_cell_vcpus=guest_cell_vcpus,
-                memory_mb=memory_mb,
+                shared_cpus=shared,
                 disk=disk,
+                disk_format=disk_format,
+                console_log=console,
             )
-            try:
-                _write_disk(disk, self.disk_bytes)
-            except OSError as exc:
-                raise DriverError(
-                    f"cannot create the disk {disk}: {exc}", code="virt.libvirt.disk"
-                ) from None
             try:
                 dom = _call(lambda: self._connection().defineXML(xml))
             except DriverError:
-                disk.unlink(missing_ok=True)
+                self._delete_files(instance_id)
                 raise
         try:
             _call(dom.create)
@@ -302,15 +463,20 @@ class LibvirtDriver:
             # If the clean-up fails too, the start's error is the one worth reporting.
             with contextlib.suppress(DriverError):
                 _call(lambda: _undefine(dom))
-            disk.unlink(missing_ok=True)
+            self._delete_files(instance_id)
             raise
 
     def destroy(self, instance_id: str) -> None:
-        dom = self._get(instance_id)
+        _check_id(instance_id)
+        dom = self._lookup(instance_id)
+        if dom is None:
+            # Gone already (migrated away, or undefined behind our back): its files go too.
+            self._delete_files(instance_id)
+            raise InstanceNotFound(f"instance {instance_id} is not on this host")
         self._stop(dom)
         _call(lambda: _undefine(dom))
-        # Only ever our own file, whatever a domain's XML may name.
-        self._disk_path(instance_id).unlink(missing_ok=True)
+        # Only ever our own files, whatever a domain's XML may name.
+        self._delete_files(instance_id)
 
     def reboot(self, instance_id: str) -> None:
         # A hard reboot: a guest without ACPI support ignores a soft one.
@@ -325,30 +491,217 @@ class LibvirtDriver:
         dom = self._get(instance_id)
         if not _call(lambda: bool(dom.isActive())):
             _call(dom.create)
+        elif _call(lambda: int(dom.state()[0])) == libvirt.VIR_DOMAIN_PAUSED:
+            _call(dom.resume)
 
     def running(self) -> dict[str, RunningInstance]:
         out: dict[str, RunningInstance] = {}
         for name, xml, active in self._domains():
-            if name.startswith(DOMAIN_PREFIX):
-                state = InstanceState.RUNNING if active else InstanceState.SHUTOFF
-                out[name.removeprefix(DOMAIN_PREFIX)] = RunningInstance(
-                    pins=parse_pins(xml), state=state
-                )
+            instance_id = is_ours(xml)
+            if instance_id is None or name != DOMAIN_PREFIX + instance_id:
+                continue  # not Stowage's: left alone
+            state = InstanceState.RUNNING if active else InstanceState.SHUTOFF
+            if active and self._state(name) == libvirt.VIR_DOMAIN_PAUSED:
+                state = InstanceState.PAUSED
+            if not active and self._has_managed_save(name):
+                state = InstanceState.SUSPENDED
+            pins = dedicated_pins(xml)
+            out[instance_id] = RunningInstance(pins=pins, state=state)
         return out
 
-    def read_disk(self, instance_id: str, chunk_bytes: int) -> Iterator[bytes]:
+    def read_disk(
+        self, instance_id: str, chunk_bytes: int, disk_format: str | None = None
+    ) -> Iterator[bytes]:
+        """The disk as one standalone image: an overlay is flattened with `qemu-img convert`
+        (in a subprocess) to `disk_format` (default: the base image's format)."""
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
         self._get(instance_id)
-        disk = self._disk_path(instance_id)
-        try:
-            f = disk.open("rb")
-        except FileNotFoundError:
+        overlay = self._overlay_path(instance_id)
+        if not overlay.exists():
+            disk = self._disk_path(instance_id)
+            try:
+                f = disk.open("rb")
+            except FileNotFoundError:
+                raise DriverError(
+                    f"instance {instance_id} has no disk at {disk}", code="virt.libvirt.no_disk"
+                ) from None
+            # Opened here, not in a generator, so a missing disk fails at the call.
+            return _chunks(f, chunk_bytes)
+        target = disk_format or self._base_format(instance_id)
+        if target not in ("raw", "qcow2"):
             raise DriverError(
-                f"instance {instance_id} has no disk at {disk}", code="virt.libvirt.no_disk"
-            ) from None
-        # Opened here, not in a generator, so a missing disk fails at the call.
-        return _chunks(f, chunk_bytes)
+                f"cannot snapshot to disk_format {target!r}", code="virt.libvirt.snapshot_format"
+            )
+        out = Path(tempfile.mkdtemp(prefix="snap-", dir=self.disk_dir)) / f"disk.{target}"
+        try:
+            qemu_img("convert", "-U", "-f", "qcow2", "-O", target, str(overlay), str(out))
+            f = out.open("rb")
+        except BaseException:
+            shutil.rmtree(out.parent, ignore_errors=True)
+            raise
+        return _chunks(f, chunk_bytes, cleanup=lambda: shutil.rmtree(out.parent, True))
+
+    def console_output(self, instance_id: str, length: int | None = None) -> str:
+        self._get(instance_id)
+        try:
+            text = self._console_path(instance_id).read_text(errors="replace")
+        except FileNotFoundError:
+            text = ""
+        if length is not None:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-length:]) if length > 0 else ""
+        return text
+
+    def pause(self, instance_id: str) -> None:
+        _call(self._get(instance_id).suspend)
+
+    def unpause(self, instance_id: str) -> None:
+        _call(self._get(instance_id).resume)
+
+    def suspend(self, instance_id: str) -> None:
+        _call(self._get(instance_id).managedSave)
+
+    def resume(self, instance_id: str) -> None:
+        _call(self._get(instance_id).create)
+
+    # -- live migration ----------------------------------------------------------------
+
+    def prepare_migration(self, instance_id: str, guest: Guest) -> dict[str, Any]:
+        """The incoming guest's disk (an overlay on this host's cached base) and paths."""
+        _check_id(instance_id)
+        with self._define_lock:
+            if self._lookup(instance_id) is not None:
+                raise DriverError(f"instance {instance_id} already exists", code="virt.exists")
+            check_claim(
+                self.topology,
+                dict(guest.pins),
+                list(guest.cells),
+                guest.memory_mb,
+                self._pinned_by_others(),
+                guest,
+                guest.shared_cpus or self.topology.cpu_shared_set,
+            )
+            disk, disk_format = self._create_disk(instance_id, guest)
+        console = self._console_path(instance_id)
+        return {
+            "uri": self.uri,
+            "host_uuid": self.host_uuid,
+            "migration_uri": self.migration_uri,
+            "disk": str(disk),
+            "disk_format": disk_format,
+            "console": str(console),
+            "shared_cpus": sorted(guest.shared_cpus or self.topology.cpu_shared_set),
+        }
+
+    def migrate(
+        self,
+        instance_id: str,
+        target: MigrationTarget,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        """Peer-to-peer live migration with the disk copied (no shared storage), defined on
+        the destination with the destination's pins, cells, disk and console paths."""
+        dom = self._get(instance_id)
+        handle = dict(target.handle)
+        dest_uri = str(handle["uri"])
+        if handle.get("host_uuid") and handle["host_uuid"] == self.host_uuid:
+            raise DriverError(
+                "the destination is this very hypervisor", code="virt.migrate.same_host"
+            )
+        xml = _call(lambda: str(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE)))
+        dest_xml = rewrite_for_destination(
+            xml,
+            target.guest,
+            shared_cpus=frozenset(int(c) for c in handle.get("shared_cpus") or ()),
+            disk=Path(str(handle["disk"])),
+            console_log=Path(str(handle["console"])),
+        )
+        params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_DEST_XML: dest_xml}
+        if handle.get("migration_uri"):
+            params[libvirt.VIR_MIGRATE_PARAM_URI] = str(handle["migration_uri"])
+        flags = (
+            libvirt.VIR_MIGRATE_LIVE
+            | libvirt.VIR_MIGRATE_PEER2PEER
+            | libvirt.VIR_MIGRATE_PERSIST_DEST
+            | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
+            | libvirt.VIR_MIGRATE_NON_SHARED_INC
+        )
+        done = threading.Event()
+        watcher: threading.Thread | None = None
+        if progress is not None:
+            watcher = threading.Thread(
+                target=self._watch_job,
+                args=(instance_id, progress, done),
+                name=f"migrate-{instance_id[:8]}",
+                daemon=True,
+            )
+            watcher.start()
+        try:
+            _call(lambda: dom.migrateToURI3(dest_uri, params, flags))
+        finally:
+            done.set()
+            if watcher is not None:
+                watcher.join(timeout=5)
+        # The source is undefined; the overlay and the console log here are ours to drop.
+        self._delete_files(instance_id)
+
+    def migration_progress(self, instance_id: str) -> MigrationProgress | None:
+        dom = self._get(instance_id)
+        stats = _call(lambda: dict(dom.jobStats(0)))
+        if int(stats.get("type", libvirt.VIR_DOMAIN_JOB_NONE)) in (
+            libvirt.VIR_DOMAIN_JOB_NONE,
+            libvirt.VIR_DOMAIN_JOB_COMPLETED,
+            libvirt.VIR_DOMAIN_JOB_FAILED,
+            libvirt.VIR_DOMAIN_JOB_CANCELLED,
+        ):
+            return None
+        return MigrationProgress(
+            memory_total_bytes=int(stats.get("memory_total", 0)),
+            memory_processed_bytes=int(stats.get("memory_processed", 0)),
+            memory_remaining_bytes=int(stats.get("memory_remaining", 0)),
+            disk_total_bytes=int(stats.get("disk_total", 0)),
+            disk_processed_bytes=int(stats.get("disk_processed", 0)),
+            disk_remaining_bytes=int(stats.get("disk_remaining", 0)),
+        )
+
+    def finish_migration(self, instance_id: str) -> None:
+        dom = self._get(instance_id)
+        if not _call(lambda: bool(dom.isActive())):
+            raise DriverError(
+                f"instance {instance_id} arrived but does not run", code="virt.migrate.not_running"
+            )
+        if _call(lambda: int(dom.state()[0])) == libvirt.VIR_DOMAIN_PAUSED:
+            _call(dom.resume)  # force-complete paused it on the source
+
+    def abort_migration(self, instance_id: str) -> None:
+        dom = self._get(instance_id)
+        if self.migration_progress(instance_id) is None:
+            raise DriverError(
+                f"instance {instance_id} has no migration job", code="virt.migrate.no_job"
+            )
+        _call(dom.abortJob)
+
+    def force_complete_migration(self, instance_id: str) -> None:
+        dom = self._get(instance_id)
+        if self.migration_progress(instance_id) is None:
+            raise DriverError(
+                f"instance {instance_id} has no migration job", code="virt.migrate.no_job"
+            )
+        _call(dom.suspend)  # a paused guest dirties no memory: the copy converges
+
+    def rollback_migration(self, instance_id: str) -> None:
+        dom = self._lookup(instance_id)
+        if dom is not None:
+            if _call(lambda: bool(dom.isActive())) and not _incoming(dom):
+                raise DriverError(
+                    f"instance {instance_id} runs here: not an incoming migration",
+                    code="virt.migrate.not_incoming",
+                )
+            self._stop(dom)
+            with contextlib.suppress(InstanceNotFound):
+                _call(lambda: _undefine(dom))
+        self._delete_files(instance_id)
 
     # -- lifetime --------------------------------------------------------------------
 
@@ -366,6 +719,79 @@ class LibvirtDriver:
             conn.close()
 
     # -- helpers ---------------------------------------------------------------------
+
+    def _create_disk(self, instance_id: str, guest: Guest) -> tuple[Path, str]:
+        """A qcow2 overlay on the cached base image (root_gb big, if larger), or a blank raw
+        disk for a guest with no image. Blocking: HTTP, disk and `qemu-img`."""
+        if guest.image is None:
+            disk = self._disk_path(instance_id)
+            try:
+                _write_disk(disk, self.disk_bytes)
+            except OSError as exc:
+                raise DriverError(
+                    f"cannot create the disk {disk}: {exc}", code="virt.libvirt.disk"
+                ) from None
+            return disk, "raw"
+        base = self.images.path(guest.image)
+        overlay = self._overlay_path(instance_id)
+        size = max(virtual_size(base, guest.image.disk_format), guest.root_gb * 1024**3)
+        overlay.unlink(missing_ok=True)
+        qemu_img(
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            guest.image.disk_format,
+            "-b",
+            str(base.resolve()),
+            str(overlay),
+            str(size),
+        )
+        (self.disk_dir / f"{instance_id}.base").write_text(guest.image.disk_format)
+        return overlay, "qcow2"
+
+    def _base_format(self, instance_id: str) -> str:
+        try:
+            return (self.disk_dir / f"{instance_id}.base").read_text().strip() or "raw"
+        except FileNotFoundError:
+            return "raw"
+
+    def _delete_files(self, instance_id: str) -> None:
+        for path in (
+            self._disk_path(instance_id),
+            self._overlay_path(instance_id),
+            self.disk_dir / f"{instance_id}.base",
+            self._console_path(instance_id),
+        ):
+            path.unlink(missing_ok=True)
+
+    def _watch_job(
+        self, instance_id: str, progress: ProgressCallback, done: threading.Event
+    ) -> None:
+        while not done.wait(0.5):
+            try:
+                seen = self.migration_progress(instance_id)
+            except (DriverError, DriverCrashed):
+                return
+            if seen is not None:
+                try:
+                    progress(seen)
+                except Exception:
+                    log.exception("migration progress callback failed")
+
+    def _state(self, name: str) -> int | None:
+        try:
+            return int(self._connection().lookupByName(name).state()[0])
+        except libvirt.libvirtError:
+            return None
+
+    def _has_managed_save(self, name: str) -> bool:
+        try:
+            dom = self._connection().lookupByName(name)
+            return bool(dom.hasManagedSaveImage(0))
+        except libvirt.libvirtError:
+            return False
 
     def _open(self) -> Any:
         try:
@@ -419,6 +845,12 @@ class LibvirtDriver:
     def _disk_path(self, instance_id: str) -> Path:
         return self.disk_dir / f"{instance_id}.img"
 
+    def _overlay_path(self, instance_id: str) -> Path:
+        return self.disk_dir / f"{instance_id}.qcow2"
+
+    def _console_path(self, instance_id: str) -> Path:
+        return self.console_dir / f"{instance_id}.log"
+
     def _lookup(self, instance_id: str) -> Any | None:
         conn = self._connection()
         try:
@@ -449,9 +881,13 @@ class LibvirtDriver:
         return out
 
     def _pinned_by_others(self) -> dict[int, str]:
+        """Host CPUs that Stowage's other domains hold as dedicated pins (foreign domains
+        are not Stowage's business; shared vCPUs float and hold nothing)."""
         taken: dict[int, str] = {}
         for name, xml, _active in self._domains():
-            for cpu in pinned_cpus(xml):
+            if is_ours(xml) is None:
+                continue
+            for cpu in dedicated_pins(xml).values():
                 taken.setdefault(cpu, name)
         return taken
 
@@ -460,10 +896,81 @@ def _describe(dom: Any) -> tuple[str, str, bool]:
     return str(dom.name()), str(dom.XMLDesc(0)), bool(dom.isActive())
 
 
-def _chunks(f: Any, chunk_bytes: int) -> Iterator[bytes]:
-    with f:
-        while chunk := f.read(chunk_bytes):
-            yield bytes(chunk)
+def _chunks(f: Any, chunk_bytes: int, cleanup: Callable[[], None] | None = None) -> Iterator[bytes]:
+    try:
+        with f:
+            while chunk := f.read(chunk_bytes):
+                yield bytes(chunk)
+    finally:
+        if cleanup is not None:
+            cleanup()
+
+
+def _incoming(dom: Any) -> bool:
+    """A domain still receiving a migration (libvirt shows it paused, reason "migration")."""
+    state, reason = dom.state()
+    return bool(
+        state == libvirt.VIR_DOMAIN_PAUSED and reason == libvirt.VIR_DOMAIN_PAUSED_MIGRATION
+    )
+
+
+def dedicated_pins(xml: str) -> dict[int, int]:
+    """Guest vCPU -> host CPU for the dedicated vCPUs: every vcpupin but those of the vCPUs
+    the metadata names shared (they float over the shared set). What libvirt enforces, so a
+    stray `virsh vcpupin` shows."""
+    root = ET.fromstring(xml)
+    shared_text = root.findtext(
+        f"./metadata/{{{METADATA_NS}}}instance/{{{METADATA_NS}}}shared-vcpus"
+    )
+    shared = parse_cpu_set(shared_text or "", what="shared vCPUs")
+    pins = parse_pins(xml)
+    return {vcpu: cpu for vcpu, cpu in pins.items() if vcpu not in shared}
+
+
+def rewrite_for_destination(
+    xml: str,
+    guest: Guest,
+    *,
+    shared_cpus: frozenset[int],
+    disk: Path,
+    console_log: Path,
+) -> str:
+    """The source's migratable XML with the destination's claim in it: its pins, emulator
+    pins, NUMA cells and memory nodes (Nova before Train kept the source's: seed 002), and
+    the destination's own disk and console paths."""
+    root = ET.fromstring(xml)
+    cputune = root.find("cputune")
+    if cputune is None:
+        cputune = ET.SubElement(root, "cputune")
+    for el in list(cputune):
+        if el.tag in ("vcpupin", "emulatorpin"):
+            cputune.remove(el)
+    shared_text = format_cpu_set(set(shared_cpus))
+    for vcpu in range(guest.vcpus):
+        cpuset = str(guest.pins[vcpu]) if vcpu in guest.pins else shared_text
+        ET.SubElement(cputune, "vcpupin", vcpu=str(vcpu), cpuset=cpuset)
+    emulator = set(shared_cpus) if guest.shared_vcpus else set(guest.pins.values())
+    ET.SubElement(cputune, "emulatorpin", cpuset=format_cpu_set(emulator))
+    vcpu_el = root.find("vcpu")
+    if vcpu_el is not None and "cpuset" in vcpu_el.attrib:
+        vcpu_el.set("cpuset", shared_text)
+    numatune = root.find("numatune")
+    if numatune is not None and guest.cells:
+        for el in list(numatune):
+            numatune.remove(el)
+        ET.SubElement(numatune, "memory", mode="strict", nodeset=format_cpu_set(set(guest.cells)))
+        for guest_cell, host_cell in enumerate(guest.cells):
+            ET.SubElement(
+                numatune, "memnode", cellid=str(guest_cell), mode="strict", nodeset=str(host_cell)
+            )
+    for source in root.findall("./devices/disk/source"):
+        if source.get("file"):
+            source.set("file", str(disk))
+    for kind in ("serial", "console"):
+        for source in root.findall(f"./devices/{kind}/source"):
+            if source.get("path"):
+                source.set("path", str(console_log))
+    return ET.tostring(root, encoding="unicode")
 
 
 def _write_disk(disk: Path, size_bytes: int) -> None:
@@ -511,6 +1018,21 @@ def _translate(exc: Any) -> Exception:
     if code == libvirt.VIR_ERR_DOM_EXIST:
         return DriverError(message, code="virt.exists")
     return DriverError(message, code=f"virt.libvirt.error.{code}")
+
+
+def _guest_types(capabilities: str, arch: str) -> set[str]:
+    """The domain types offered for hvm guests of `arch`."""
+    root = ET.fromstring(capabilities)
+    out: set[str] = set()
+    for guest in root.findall("./guest"):
+        arch_el = guest.find("arch")
+        if (
+            guest.findtext("os_type") == "hvm"
+            and arch_el is not None
+            and arch_el.get("name") == arch
+        ):
+            out |= {d.get("type", "") for d in arch_el.findall("domain")}
+    return out
 
 
 def _guest_type(capabilities: str) -> tuple[str, str]:

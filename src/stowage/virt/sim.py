@@ -11,13 +11,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from stowage.virt.driver import (
     DriverCrashed,
     DriverError,
+    Guest,
     InstanceNotFound,
     InstanceState,
+    MigrationProgress,
+    MigrationTarget,
+    ProgressCallback,
     RunningInstance,
+    check_guest,
+    guest_for,
 )
 
 __all__ = ["STEPS", "FaultKind", "SimConfig", "SimDriver"]
@@ -30,6 +37,14 @@ STEPS: dict[str, tuple[str, ...]] = {
     "power_off": ("stop",),
     "power_on": ("start",),
     "read_disk": ("open", "read"),
+    "pause": ("pause",),
+    "unpause": ("unpause",),
+    "suspend": ("save",),
+    "resume": ("restore",),
+    "prepare_migration": ("create_disk", "define"),
+    "migrate": ("transfer", "switch"),
+    "finish_migration": ("start",),
+    "rollback_migration": ("undefine", "delete_disk"),
 }
 
 
@@ -64,6 +79,9 @@ class _Instance:
     memory_mb: int
     state: InstanceState
     disk: Path
+    guest: Guest | None = None
+    console: list[str] = field(default_factory=list)
+    migrating: bool = False
 
 
 class SimDriver:
@@ -141,9 +159,16 @@ class SimDriver:
     # -- Driver ----------------------------------------------------------------------
 
     def spawn(
-        self, instance_id: str, pins: dict[int, int], cells: list[int], memory_mb: int
+        self,
+        instance_id: str,
+        pins: dict[int, int],
+        cells: list[int],
+        memory_mb: int,
+        guest: Guest | None = None,
     ) -> None:
         self._record("spawn", instance_id)
+        guest = guest_for(pins, cells, memory_mb, guest)
+        check_guest(guest)
         with self._lock:
             if instance_id in self._instances:
                 raise DriverError(f"instance {instance_id} already exists", code="virt.exists")
@@ -155,10 +180,11 @@ class SimDriver:
         self._step("spawn", "define")
         with self._lock:
             self._instances[instance_id] = _Instance(
-                dict(pins), list(cells), memory_mb, InstanceState.SHUTOFF, disk
+                dict(pins), list(cells), memory_mb, InstanceState.SHUTOFF, disk, guest
             )
         self._step("spawn", "start")
         self._set_state(instance_id, InstanceState.RUNNING)
+        self._boot_console(instance_id)
 
     def destroy(self, instance_id: str) -> None:
         self._record("destroy", instance_id)
@@ -178,6 +204,7 @@ class SimDriver:
         self._set_state(instance_id, InstanceState.SHUTOFF)
         self._step("reboot", "start")
         self._set_state(instance_id, InstanceState.RUNNING)
+        self._boot_console(instance_id)
 
     def power_off(self, instance_id: str) -> None:
         self._record("power_off", instance_id)
@@ -189,7 +216,9 @@ class SimDriver:
         self._record("power_on", instance_id)
         self._get(instance_id)
         self._step("power_on", "start")
-        self._set_state(instance_id, InstanceState.RUNNING)
+        if self._get(instance_id).state is not InstanceState.RUNNING:
+            self._set_state(instance_id, InstanceState.RUNNING)
+            self._boot_console(instance_id)
 
     def running(self) -> dict[str, RunningInstance]:
         with self._lock:
@@ -198,7 +227,10 @@ class SimDriver:
                 for iid, inst in self._instances.items()
             }
 
-    def read_disk(self, instance_id: str, chunk_bytes: int) -> Iterator[bytes]:
+    def read_disk(
+        self, instance_id: str, chunk_bytes: int, disk_format: str | None = None
+    ) -> Iterator[bytes]:
+        """The disk's bytes as they are: a simulated disk has no format to convert."""
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
         self._record("read_disk", instance_id)
@@ -207,7 +239,162 @@ class SimDriver:
         # A generator would defer the checks above to the first next(); return one instead.
         return self._chunks(disk, chunk_bytes)
 
+    def console_output(self, instance_id: str, length: int | None = None) -> str:
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            if inst is None:
+                raise InstanceNotFound(f"instance {instance_id} is not on this host")
+            lines = list(inst.console)
+        if length is not None:
+            lines = lines[-length:] if length > 0 else []
+        return "".join(line + "\n" for line in lines)
+
+    def pause(self, instance_id: str) -> None:
+        self._transition("pause", "pause", instance_id, InstanceState.RUNNING, InstanceState.PAUSED)
+
+    def unpause(self, instance_id: str) -> None:
+        self._transition(
+            "unpause", "unpause", instance_id, InstanceState.PAUSED, InstanceState.RUNNING
+        )
+
+    def suspend(self, instance_id: str) -> None:
+        self._transition(
+            "suspend", "save", instance_id, InstanceState.RUNNING, InstanceState.SUSPENDED
+        )
+
+    def resume(self, instance_id: str) -> None:
+        self._transition(
+            "resume", "restore", instance_id, InstanceState.SUSPENDED, InstanceState.RUNNING
+        )
+
+    # -- live migration ----------------------------------------------------------------
+
+    def prepare_migration(self, instance_id: str, guest: Guest) -> dict[str, Any]:
+        """Define the incoming guest with the destination's pins, paused until it arrives."""
+        self._record("prepare_migration", instance_id)
+        check_guest(guest)
+        with self._lock:
+            if instance_id in self._instances:
+                raise DriverError(f"instance {instance_id} already exists", code="virt.exists")
+        disk = self.disk_dir / f"{instance_id}.img"
+        self._step("prepare_migration", "create_disk")
+        disk.touch()
+        self._step("prepare_migration", "define")
+        with self._lock:
+            self._instances[instance_id] = _Instance(
+                dict(guest.pins),
+                list(guest.cells),
+                guest.memory_mb,
+                InstanceState.PAUSED,
+                disk,
+                guest,
+                migrating=True,
+            )
+        return {"disk": str(disk)}
+
+    def migrate(
+        self,
+        instance_id: str,
+        target: MigrationTarget,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        """The memory copy (the step's latency), then the source's guest is gone."""
+        self._record("migrate", instance_id)
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            if inst is None:
+                raise InstanceNotFound(f"instance {instance_id} is not on this host")
+            if inst.state is not InstanceState.RUNNING:
+                raise DriverError(
+                    f"instance {instance_id} is {inst.state}, not running",
+                    code="virt.migrate.not_running",
+                )
+            inst.migrating = True
+            total = inst.memory_mb * 1024 * 1024
+        try:
+            self._step("migrate", "transfer")
+            if progress is not None:
+                progress(MigrationProgress(total, total, 0))
+            self._step("migrate", "switch")
+        finally:
+            with self._lock:
+                inst.migrating = False
+        with self._lock:
+            self._instances.pop(instance_id, None)
+        inst.disk.unlink(missing_ok=True)
+
+    def migration_progress(self, instance_id: str) -> MigrationProgress | None:
+        inst = self._get(instance_id)
+        if not inst.migrating:
+            return None
+        total = inst.memory_mb * 1024 * 1024
+        return MigrationProgress(total, 0, total)
+
+    def finish_migration(self, instance_id: str) -> None:
+        self._record("finish_migration", instance_id)
+        inst = self._get(instance_id)
+        self._step("finish_migration", "start")
+        with self._lock:
+            inst.migrating = False
+            inst.state = InstanceState.RUNNING
+            inst.console.append(f"sim: {instance_id} arrived")
+
+    def abort_migration(self, instance_id: str) -> None:
+        if self.migration_progress(instance_id) is None:
+            raise DriverError(
+                f"instance {instance_id} has no migration job", code="virt.migrate.no_job"
+            )
+        self.release_hangs()
+
+    def force_complete_migration(self, instance_id: str) -> None:
+        if self.migration_progress(instance_id) is None:
+            raise DriverError(
+                f"instance {instance_id} has no migration job", code="virt.migrate.no_job"
+            )
+
+    def rollback_migration(self, instance_id: str) -> None:
+        self._record("rollback_migration", instance_id)
+        with self._lock:
+            inst = self._instances.get(instance_id)
+        if inst is None:
+            return
+        if not inst.migrating:
+            raise DriverError(
+                f"instance {instance_id} runs here: not an incoming migration",
+                code="virt.migrate.not_incoming",
+            )
+        self._step("rollback_migration", "undefine")
+        with self._lock:
+            self._instances.pop(instance_id, None)
+        self._step("rollback_migration", "delete_disk")
+        inst.disk.unlink(missing_ok=True)
+
     # -- helpers ---------------------------------------------------------------------
+
+    def _transition(
+        self,
+        operation: str,
+        step: str,
+        instance_id: str,
+        before: InstanceState,
+        after: InstanceState,
+    ) -> None:
+        self._record(operation, instance_id)
+        inst = self._get(instance_id)
+        if inst.state is not before:
+            raise DriverError(
+                f"instance {instance_id} is {inst.state}, not {before}",
+                code=f"virt.{operation}.bad_state",
+            )
+        self._step(operation, step)
+        self._set_state(instance_id, after)
+
+    def _boot_console(self, instance_id: str) -> None:
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            if inst is not None:
+                vcpus = inst.guest.vcpus if inst.guest is not None else len(inst.pins)
+                inst.console.append(f"sim: {instance_id} booted with {vcpus} vCPUs")
 
     def _chunks(self, disk: Path, chunk_bytes: int) -> Iterator[bytes]:
         with disk.open("rb") as f:

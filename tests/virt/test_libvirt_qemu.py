@@ -1,0 +1,279 @@
+"""The libvirt driver on real QEMU (TCG): two private libvirt daemons on this machine, a guest
+image served over HTTP, boots with pinned and shared CPUs, console, snapshot, power-state,
+and a live migration that lands on the destination's own pins."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+try:
+    import libvirt
+except ImportError as exc:
+    _REASON = f"libvirt-python is not installed ({exc}); install stowage[libvirt]"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI runs the libvirt tests: {_REASON}", pytrace=False)
+    pytest.skip(_REASON, allow_module_level=True)
+
+from stowage.virt import guest_image
+from stowage.virt.daemon import LibvirtDaemon
+from stowage.virt.driver import (
+    DriverError,
+    Guest,
+    ImageSpec,
+    InstanceNotFound,
+    InstanceState,
+    MigrationProgress,
+    MigrationTarget,
+)
+from stowage.virt.images import HttpImageFetcher
+from stowage.virt.libvirt_driver import DOMAIN_PREFIX, LibvirtDriver
+
+TOKEN = "test-token"
+BOOT_TIMEOUT_S = 120.0
+
+
+def _require_real_qemu() -> None:
+    missing = [
+        t
+        for t in ("qemu-system-x86_64", "qemu-img", "libvirtd", "mformat", "syslinux")
+        if not shutil.which(t)
+    ]
+    why = f"missing {missing}" if missing else ("needs root" if os.geteuid() != 0 else "")
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs the real-QEMU tests: {why}", pytrace=False)
+        pytest.skip(why)
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.25)
+
+
+class _ImageServer:
+    """The image API's download endpoint, enough of it: GET /v2/images/<id>/file."""
+
+    def __init__(self, images: dict[str, Path]) -> None:
+        self.images = images
+        self.gets: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                match = re.fullmatch(r"/v2/images/([^/]+)/file", self.path)
+                if self.headers.get("X-Auth-Token") != TOKEN:
+                    self.send_error(401)
+                    return
+                if match is None or match.group(1) not in outer.images:
+                    self.send_error(404)
+                    return
+                outer.gets.append(match.group(1))
+                data = outer.images[match.group(1)].read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *_args: Any) -> None:
+                return None
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    _require_real_qemu()
+    root = tmp_path_factory.mktemp("qemu")
+    disk = guest_image.build(
+        root / "guest.raw", kernel=guest_image.default_kernel(), busybox=Path("/bin/busybox")
+    )
+    data = disk.read_bytes()
+    image = ImageSpec(
+        id=str(uuid.uuid4()),
+        disk_format="raw",
+        size=len(data),
+        checksum=hashlib.md5(data, usedforsecurity=False).hexdigest(),
+        hash_algo="sha512",
+        hash_value=hashlib.sha512(data).hexdigest(),
+    )
+    server = _ImageServer({image.id: disk})
+    cpus = sorted(os.sched_getaffinity(0))
+    # Two hosts on one machine, with the dedicated and shared CPUs swapped between them, so a
+    # live migration must rewrite the pins.
+    d1 = LibvirtDaemon(root / "h1", migration_port_min=49300)
+    d2 = LibvirtDaemon(root / "h2", migration_port_min=49320)
+    d1.start()
+    d2.start()
+    fetch = HttpImageFetcher(server.endpoint, lambda: TOKEN)
+    events: list[tuple[str, str]] = []
+    h1 = LibvirtDriver(
+        d1.uri,
+        None,
+        root / "h1-disks",
+        virt_type="qemu",
+        image_fetcher=fetch,
+        cpu_dedicated_set=frozenset({cpus[0]}),
+        cpu_shared_set=frozenset(cpus[1:]),
+        migration_uri="tcp://127.0.0.1",
+        on_lifecycle=lambda iid, ev: events.append((iid, ev)),
+    )
+    h2 = LibvirtDriver(
+        d2.uri,
+        None,
+        root / "h2-disks",
+        virt_type="qemu",
+        image_fetcher=fetch,
+        cpu_dedicated_set=frozenset({cpus[-1]}),
+        cpu_shared_set=frozenset(cpus[:-1]),
+        migration_uri="tcp://127.0.0.1",
+    )
+    try:
+        yield {
+            "image": image,
+            "server": server,
+            "h1": h1,
+            "h2": h2,
+            "cpus": cpus,
+            "events": events,
+            "d1": d1,
+            "d2": d2,
+        }
+    finally:
+        h1.close()
+        h2.close()
+        d1.stop()
+        d2.stop()
+        server.close()
+
+
+def _console(driver: LibvirtDriver, iid: str) -> str:
+    return driver.console_output(iid)
+
+
+def _booted(driver: LibvirtDriver, iid: str) -> str:
+    _wait_for(
+        lambda: guest_image.MARKER in _console(driver, iid), f"{iid}'s marker", BOOT_TIMEOUT_S
+    )
+    found = re.search(rf"{guest_image.MARKER} boot_id=(\S+)", _console(driver, iid))
+    assert found
+    return found.group(1)
+
+
+def _pin_info(uri: str, iid: str) -> list[set[int]]:
+    conn = libvirt.open(uri)
+    try:
+        dom = conn.lookupByName(DOMAIN_PREFIX + iid)
+        return [{i for i, on in enumerate(cpu) if on} for cpu in dom.vcpuPinInfo(0)]
+    finally:
+        conn.close()
+
+
+def _uptime(text: str) -> int:
+    counts = re.findall(rf"{guest_image.UPTIME_PREFIX} (\d+) ", text)
+    return int(counts[-1]) if counts else 0
+
+
+def test_host_comes_from_libvirt(world: dict[str, Any]) -> None:
+    h1: LibvirtDriver = world["h1"]
+    cpus = world["cpus"]
+    assert h1.domain_type == "qemu"
+    assert h1.host_uuid == world["d1"].host_uuid != world["h2"].host_uuid
+    all_cpus = frozenset().union(*(c.cpus for c in h1.topology.cells))
+    assert all_cpus == frozenset(range(os.cpu_count() or 1))
+    assert h1.topology.cpu_dedicated_set == {cpus[0]}
+    with pytest.raises(DriverError) as caught:
+        LibvirtDriver(world["d1"].uri, None, h1.disk_dir / "x", virt_type="xen")
+    assert caught.value.code == "virt.libvirt.bad_virt_type"
+
+
+def test_pinned_and_shared_guests_boot_migrate_and_go(world: dict[str, Any]) -> None:
+    h1: LibvirtDriver = world["h1"]
+    h2: LibvirtDriver = world["h2"]
+    image: ImageSpec = world["image"]
+    cpus = world["cpus"]
+    pinned, shared = str(uuid.uuid4()), str(uuid.uuid4())
+    pinned_guest = Guest(
+        vcpus=1, memory_mb=192, root_gb=1, pins={0: cpus[0]}, cells=(0,), image=image
+    )
+    shared_guest = Guest(vcpus=2, memory_mb=192, image=image, name="shared")
+
+    h1.spawn(pinned, {0: cpus[0]}, [0], 192, pinned_guest)
+    h1.spawn(shared, {}, [], 192, shared_guest)
+    assert world["server"].gets == [image.id]  # fetched once, then cached
+    boot_id = _booted(h1, pinned)
+    _booted(h1, shared)
+
+    # The pins libvirt enforces are the claim's; shared vCPUs float over the shared set.
+    assert _pin_info(h1.uri, pinned) == [{cpus[0]}]
+    assert _pin_info(h1.uri, shared) == [set(cpus[1:])] * 2
+    running = h1.running()
+    assert running[pinned] == {"pins": {0: cpus[0]}, "state": InstanceState.RUNNING}
+    assert running[shared] == {"pins": {}, "state": InstanceState.RUNNING}
+
+    # A snapshot is the flattened disk in the format asked for.
+    head = next(h1.read_disk(shared, 65536, "qcow2"))
+    assert head[:4] == b"QFI\xfb"
+    raw = b"".join(h1.read_disk(shared, 1 << 20, "raw"))
+    assert len(raw) == image.size
+
+    # Live migration to h2, whose claim pins vCPU 0 to its own dedicated CPU.
+    dest_pins = {0: cpus[-1]}
+    dest_guest = Guest(vcpus=1, memory_mb=192, root_gb=1, pins=dest_pins, cells=(0,), image=image)
+    handle = h2.prepare_migration(pinned, dest_guest)
+    before = _uptime(_console(h1, pinned))
+    seen: list[MigrationProgress] = []
+    h1.migrate(pinned, MigrationTarget("h2", dest_guest, handle), seen.append)
+    h2.finish_migration(pinned)
+    assert pinned not in h1.running()
+    assert not (h1.disk_dir / f"{pinned}.qcow2").exists()
+    assert h2.running()[pinned] == {"pins": dest_pins, "state": InstanceState.RUNNING}
+    assert _pin_info(h2.uri, pinned) == [{cpus[-1]}]
+    # The same guest: its boot id, its counter going on past where it was.
+    _wait_for(
+        lambda: _uptime(_console(h2, pinned)) > before + 1, "the counter on h2", BOOT_TIMEOUT_S
+    )
+    text = _console(h2, pinned)
+    assert f"boot_id={boot_id}" in text
+    assert guest_image.MARKER not in text  # no second boot
+
+    # Power state behind Stowage's back shows.
+    conn = libvirt.open(h1.uri)
+    try:
+        conn.lookupByName(DOMAIN_PREFIX + shared).destroy()
+    finally:
+        conn.close()
+    assert h1.running()[shared]["state"] is InstanceState.SHUTOFF
+    _wait_for(lambda: (shared, "stopped") in world["events"], "the stopped event", 10)
+
+    for driver, iid in ((h2, pinned), (h1, shared)):
+        driver.destroy(iid)
+        assert iid not in driver.running()
+        assert not list(driver.disk_dir.glob(f"{iid}*"))
+        assert not (driver.console_dir / f"{iid}.log").exists()
+        with pytest.raises(InstanceNotFound):
+            driver.console_output(iid)
