@@ -26,7 +26,7 @@ from stowage.ledger.db import READONLY
 from stowage.ledger.schema import consumers, numa_claims, pins
 from stowage.services import migrations
 from stowage.services.cloud import Cloud, CloudConfig
-from stowage.services.compute import BuildRequest, build_servers
+from stowage.services.compute import BuildRequest, build_servers, schedule_builds
 from stowage.services.reconcile import (
     Divergence,
     DivergenceKind,
@@ -101,8 +101,11 @@ def build_on(cloud: Cloud, host: str, count: int) -> list[str]:
         ),
         request_id="req-build",
     )
-    # Claimed and waiting for the agent to spawn them (no conductor runs here: the test
-    # spawns them on its own simulated hypervisor with the claimed pins).
+    # The conductor's scheduling step, run here: claimed and waiting for the agent to spawn
+    # them (no conductor runs here: the test spawns them on its own simulated hypervisor
+    # with the claimed pins).
+    schedule_builds(cloud, [op for op in cloud.operations.active() if op.step == "schedule"])
+    docs = [cloud.objects.get("instance", d["id"]).body for d in docs]
     assert [(d["status"], d["host"]) for d in docs] == [("BUILD", host)] * count, [
         d.get("fault") for d in docs
     ]
@@ -346,7 +349,10 @@ def test_a_move_in_flight_is_expected_at_both_ends_and_runs_at_either(
     result = migrations.move(
         cloud, moving, "migration", user_id="user", project_id=PROJECT, dest="host1"
     )
-    assert result.status == "pre-migrating"  # destination claimed: both ends held
+    # The conductor's scheduling step, run here: the destination is claimed, both ends held.
+    migrations.schedule_moves(cloud, cloud.operations.active(instance_id=moving))
+    record = cloud.objects.get("migration", result.migration_id).body
+    assert (record["status"], record["dest_compute"]) == ("pre-migrating", "host1")
     at_source = expected_on_host(cloud.ledger, "host2")[moving]
     at_dest = expected_on_host(cloud.ledger, "host1")[moving]
     assert [e.role for e in at_source.ends] == [Role.OUTGOING]

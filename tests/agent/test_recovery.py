@@ -22,7 +22,7 @@ from stowage.domain.topology import HostSpec, HostTopology
 from stowage.ledger import Ledger, audit
 from stowage.services import compute
 from stowage.services.cloud import Cloud, CloudConfig
-from stowage.services.compute import BuildRequest, build_servers
+from stowage.services.compute import BuildRequest, build_servers, schedule_builds
 from stowage.services.conductor import Conductor, ConductorConfig
 from stowage.services.reconcile import DivergenceKind
 from stowage.virt.sim import SimConfig, SimDriver
@@ -95,6 +95,8 @@ def build(cloud: Cloud, count: int, host: str) -> list[str]:
         ),
         request_id="req-recovery",
     )
+    # The conductor's scheduling step: claimed on `host`, the spawn still pending.
+    schedule_builds(cloud, [op for op in cloud.operations.active() if op.step == "schedule"])
     return [str(d["id"]) for d in docs]
 
 
