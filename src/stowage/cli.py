@@ -671,7 +671,7 @@ def host_evacuate(host: str, state_dir: StateDir = Path(".stowage")) -> None:
 
     compute, headers = _admin_session(state_dir)
     response = httpx.post(
-        f"{compute}/os-stowage-hosts/{host}/evacuate", headers=headers, timeout=300
+        f"{compute}/os-stowage-hosts/{host}/evacuate?wait=240", headers=headers, timeout=300
     )
     if response.status_code >= 400:
         fault: dict[str, object] = next(iter(response.json().values()), {})
@@ -680,7 +680,7 @@ def host_evacuate(host: str, state_dir: StateDir = Path(".stowage")) -> None:
         raise typer.Exit(1)
     failed = 0
     for item in response.json()["evacuations"]:
-        if item["status"] == "failed":
+        if item["status"] in ("failed", "refused"):
             failed += 1
             console.print(f"{item['server_id']}: not moved: {item['reason']}", markup=False)
         else:

@@ -354,7 +354,11 @@ def outcome(cloud: Cloud, result: MoveResult, timeout_s: float) -> MoveResult:
     doc = cloud.objects.find("migration", result.migration_id)
     if doc is None:
         return result
-    cloud.operations.wait_instances([doc.body["instance_uuid"]], timeout_s)
+    # The move's own operations, not the instance's: an evacuation's clean-up of its down
+    # source waits for that host to come back, and is no part of the answer.
+    ops = cloud.operations
+    open_ids = [op.id for op in ops.of_migration(result.migration_id) if not op.finished]
+    ops.wait(open_ids, timeout_s)
     record = cloud.objects.get("migration", result.migration_id).body
     return MoveResult(
         result.migration_id,

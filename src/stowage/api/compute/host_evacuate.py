@@ -9,8 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_admin
-from stowage.api.common import on_loop
-from stowage.services.migrations import evacuate_host, planned
+from stowage.api.common import ApiError, on_loop
+from stowage.services.migrations import evacuate_host, outcome, planned
 
 router = APIRouter()
 
@@ -25,9 +25,17 @@ async def evacuate(request: Request, host: str) -> JSONResponse:
     results = await asyncio.to_thread(
         evacuate_host, cloud, host, user_id=ctx.user_id, project_id=ctx.project_id, request_id=rid
     )
+    # `?wait=S`: answer once each evacuation ended (bounded by S seconds), as the CLI asks;
+    # otherwise once each has its destination planned (or failed).
+    try:
+        wait_s = float(request.query_params.get("wait", "0"))
+    except ValueError:
+        raise ApiError(400, "wait must be a number of seconds") from None
     out = []
     for server_id, started in results.items():
-        result = await asyncio.to_thread(planned, cloud, started, cloud.config.api_wait_s)
+        result = await asyncio.to_thread(planned, cloud, started, max(wait_s, 10.0))
+        if wait_s > 0:
+            result = await asyncio.to_thread(outcome, cloud, result, wait_s)
         out.append(
             {
                 "server_id": server_id,
