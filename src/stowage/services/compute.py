@@ -98,6 +98,11 @@ class BuildRequest:
     image_properties: dict[str, str] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
     is_admin: bool = False
+    user_data: str | None = None  # base64, as given; the driver port passes it to the guest
+    hostname: str | None = None  # 2.90; None: derived from the name
+    access_ipv4: str = ""
+    access_ipv6: str = ""
+    disk_config: str = "MANUAL"
 
 
 def record_action(
@@ -219,6 +224,11 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
             "reservation_id": reservation,
             "launch_index": index,
             "networks": build.networks,
+            "user_data": build.user_data,
+            "hostname": build.hostname,
+            "access_ipv4": build.access_ipv4,
+            "access_ipv6": build.access_ipv6,
+            "disk_config": build.disk_config,
         }
         cloud.objects.create("instance", instance_id, body, project_id=build.project_id, name=name)
         docs.append(body)
@@ -569,8 +579,16 @@ def snapshot_server(
     return str(created["id"])
 
 
-def rebuild_server(cloud: Cloud, instance_id: str, image_id: str, name: str | None) -> None:
-    """Rebuild in place on the same host and claims, from another image."""
+def rebuild_server(
+    cloud: Cloud,
+    instance_id: str,
+    image_id: str,
+    name: str | None,
+    *,
+    changes: Mapping[str, Any] | None = None,
+) -> None:
+    """Rebuild in place on the same host and claims, from another image; `changes` are the
+    other fields the rebuild sets (metadata, key, user data, hostname, ...)."""
     before = cloud.objects.get("instance", instance_id).body
     body = dict(before)
     if body["status"] not in {"ACTIVE", "SHUTOFF", "ERROR"}:
@@ -585,6 +603,7 @@ def rebuild_server(cloud: Cloud, instance_id: str, image_id: str, name: str | No
             f"{body.get('task_state')}"
         )
     body["image_id"] = image_id
+    body.update(changes or {})
     if name:
         body["name"] = name
     body.update(status="REBUILD", task_state="rebuilding")

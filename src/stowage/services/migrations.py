@@ -108,6 +108,7 @@ def _start(
     project_id: str,
     dest: str | None,
     new_flavor: dict[str, Any] | None,
+    target_state: str | None = None,
 ) -> _Started:
     """Check the source, record the migration, mark the instance moving; claim nothing yet."""
     doc = cloud.objects.get("instance", instance_id)
@@ -172,6 +173,8 @@ def _start(
         "user_id": user_id,
         "project_id": project_id,
         "old_vm_state": body.get("vm_state"),
+        # 2.95: an evacuated server rests stopped whatever it was ("stopped"), as in Nova.
+        "target_state": target_state,
     }
     moving_status, task = _MOVING[migration_type]
     body.update(status=moving_status, task_state=task)
@@ -236,6 +239,7 @@ def move(
     dest: str | None = None,
     new_flavor: dict[str, Any] | None = None,
     request_id: str = "",
+    target_state: str | None = None,
 ) -> MoveResult:
     """Start a move: check the source, record the migration, claim a destination."""
     started = _start(
@@ -246,6 +250,7 @@ def move(
         project_id=project_id,
         dest=dest,
         new_flavor=new_flavor,
+        target_state=target_state,
     )
     with cloud.schedule_lock:
         placement = cloud.scheduler.schedule([started.request])[0]
