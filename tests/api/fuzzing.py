@@ -367,7 +367,7 @@ def _seed_compute(h: Harness, ids: dict[str, list[str]]) -> None:
             "name": f"fuzz-{token}",
             "flavorRef": "42",
             "imageRef": ids["cirros"][0],
-            "networks": "auto",
+            "networks": "none",
         }
         servers.append(h.call("POST", f"{base}/servers", {"server": server}, token=token))
     server_ids = [s["server"]["id"] for s in servers]

@@ -103,6 +103,11 @@ class BuildRequest:
     image_properties: dict[str, str] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
     is_admin: bool = False
+    user_data: str | None = None  # base64, as given; the driver port passes it to the guest
+    hostname: str | None = None  # 2.90; None: derived from the name
+    access_ipv4: str = ""
+    access_ipv6: str = ""
+    disk_config: str = "MANUAL"
 
 
 def record_action(
@@ -266,6 +271,11 @@ def _new_instance(build: BuildRequest, reservation: str, index: int, count: int)
         "reservation_id": reservation,
         "launch_index": index,
         "networks": build.networks,
+        "user_data": build.user_data,
+        "hostname": build.hostname,
+        "access_ipv4": build.access_ipv4,
+        "access_ipv6": build.access_ipv6,
+        "disk_config": build.disk_config,
     }
 
 
@@ -703,8 +713,16 @@ def snapshot_server(
     return str(created["id"])
 
 
-def rebuild_server(cloud: Cloud, instance_id: str, image_id: str, name: str | None) -> None:
-    """Rebuild in place on the same host and claims, from another image."""
+def rebuild_server(
+    cloud: Cloud,
+    instance_id: str,
+    image_id: str,
+    name: str | None,
+    *,
+    changes: Mapping[str, Any] | None = None,
+) -> None:
+    """Rebuild in place on the same host and claims, from another image; `changes` are the
+    other fields the rebuild sets (metadata, key, user data, hostname, ...)."""
     before = cloud.objects.get("instance", instance_id).body
     body = dict(before)
     if body["status"] not in {"ACTIVE", "SHUTOFF", "ERROR"}:
@@ -719,6 +737,7 @@ def rebuild_server(cloud: Cloud, instance_id: str, image_id: str, name: str | No
             f"{body.get('task_state')}"
         )
     body["image_id"] = image_id
+    body.update(changes or {})
     if name:
         body["name"] = name
     body.update(status="REBUILD", task_state="rebuilding")

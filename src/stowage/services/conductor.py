@@ -542,7 +542,7 @@ class Conductor:
             # and the destination is cleaned up as soon as it answers again.
             await asyncio.to_thread(self._to_abort, op, "error", f"no answer: {why}")
             raise
-        if reply.get("ok") and record.get("old_vm_state") == "stopped":
+        if reply.get("ok") and _rests_stopped(record):
             # A stopped server moves stopped: its new copy is powered off before it is used.
             reply = await self._call(op, "power_off", {}, suffix=":off")
         if not reply.get("ok"):
@@ -736,9 +736,15 @@ class Conductor:
                     log.info("resize of %s confirmed automatically", record["instance_uuid"])
 
 
+def _rests_stopped(record: dict[str, Any]) -> bool:
+    """A move ends stopped when the server was stopped, or (an evacuation at 2.95+) when
+    the request said so."""
+    return record.get("old_vm_state") == "stopped" or record.get("target_state") == "stopped"
+
+
 def _resting(record: dict[str, Any]) -> dict[str, Any]:
     """How a moved server rests: stopped if it was stopped when the move began, as in Nova."""
-    if record.get("old_vm_state") == "stopped":
+    if _rests_stopped(record):
         return {"status": "SHUTOFF", "vm_state": "stopped", "power_state": 4}
     return {"status": "ACTIVE", "vm_state": "active", "power_state": 1}
 

@@ -105,6 +105,7 @@ def _start(
     request_id: str,
     number: int,
     conn: Connection,
+    target_state: str | None = None,
 ) -> tuple[str, str]:
     """Check the source, then inside `conn`: mark the instance moving (compare-and-swap: one
     request wins), record the migration and its instance action, and hand the move to the
@@ -174,6 +175,8 @@ def _start(
         "project_id": project_id,
         "old_vm_state": body.get("vm_state"),
         "request_id": request_id,
+        # 2.95: an evacuated server rests stopped whatever it was ("stopped"), as in Nova.
+        "target_state": target_state,
     }
     moving_status, task = _MOVING[migration_type]
     body.update(status=moving_status, task_state=task)
@@ -287,6 +290,7 @@ def move(
     dest: str | None = None,
     new_flavor: dict[str, Any] | None = None,
     request_id: str = "",
+    target_state: str | None = None,
 ) -> MoveResult:
     """Start a move as one unit of work (the instance marked moving, the migration record,
     its action and the conductor's operation commit together); the conductor plans the
@@ -304,6 +308,7 @@ def move(
             request_id=request_id,
             number=number,
             conn=conn,
+            target_state=target_state,
         )
     cloud.kick()
     return MoveResult(migration_id, status, dest)

@@ -513,7 +513,9 @@ def _cidr(value: Any, version: int) -> IPNetwork:
         net = ipaddress.ip_network(str(value), strict=False)
     except ValueError:
         raise _invalid("cidr", f"'{value}' is not a valid IP subnet") from None
-    if str(net) != str(value):
+    if "/" not in str(value):
+        # neutron-lib's validate_subnet: an address without a prefix is not a CIDR. Host bits
+        # set (10.0.0.5/24) are accepted, and the subnet is the network (10.0.0.0/24).
         raise _invalid(
             "cidr", f"'{value}' isn't a recognized IP subnet cidr, '{net}' is recommended"
         )

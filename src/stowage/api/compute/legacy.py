@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from stowage.api.auth import cloud_of, require_admin, require_context
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.microversion import mv
+from stowage.api.compute.paging import page
 from stowage.ledger.objects import Document
 from stowage.services import compute_catalog as catalog
 from stowage.services import networks as net
@@ -284,7 +285,8 @@ async def list_usage(request: Request) -> JSONResponse:
     start, end = _period(request)
     detailed = request.query_params.get("detailed") in ("1", "true", "True")
     by_project: dict[str, list[Document]] = {}
-    for doc in cloud_of(request).objects.list("instance"):
+    docs, links = _usage_page(request, cloud_of(request).objects.list("instance"), "")
+    for doc in docs:
         by_project.setdefault(str(doc.project_id), []).append(doc)
     usages = []
     for project_id, docs in sorted(by_project.items()):
@@ -292,7 +294,31 @@ async def list_usage(request: Request) -> JSONResponse:
         if not detailed:
             usage.pop("server_usages")
         usages.append(usage)
-    return JSONResponse({"tenant_usages": usages})
+    body: dict[str, Any] = {"tenant_usages": usages}
+    if links:
+        body["tenant_usages_links"] = links
+    return JSONResponse(body)
+
+
+def _usage_page(
+    request: Request, docs: list[Document], project_id: str
+) -> tuple[list[Document], list[dict[str, str]]]:
+    """2.40: the instances a usage counts are paged by `limit` and `marker` (an instance
+    uuid), oldest first; a `next` link when more remain."""
+    docs = sorted(docs, key=lambda d: (d.created_at, d.id))
+    if mv(request) < (2, 40):
+        return docs, []
+    shown, last = page(docs, request.query_params, "marker [{marker}] not found")
+    if last is None:
+        return shown, []
+    base = cloud_of(request).config.base_url
+    path = "os-simple-tenant-usage" + (f"/{project_id}" if project_id else "")
+    limit = request.query_params.get("limit")
+    query = "&".join(
+        f"{k}={v}" for k, v in request.query_params.items() if k not in ("limit", "marker")
+    )
+    href = f"{base}/compute/v2.1/{path}?{query + '&' if query else ''}limit={limit}&marker={last}"
+    return shown, [{"rel": "next", "href": href}]
 
 
 @router.get("/os-simple-tenant-usage/")
@@ -311,7 +337,11 @@ async def show_usage(project_id: str, request: Request) -> JSONResponse:
         )
     start, end = _period(request)
     docs = cloud_of(request).objects.list("instance", project_id=project_id)
-    return JSONResponse({"tenant_usage": _usage(request, project_id, docs, start, end)})
+    docs, links = _usage_page(request, docs, project_id)
+    body: dict[str, Any] = {"tenant_usage": _usage(request, project_id, docs, start, end)}
+    if links:
+        body["tenant_usage_links"] = links
+    return JSONResponse(body)
 
 
 # -- instance usage audit log: no periodic audit runs here, so every period is empty --------------

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from stowage.api.auth import cloud_of, require_admin, require_context
 from stowage.api.common import ApiError, json_body
 from stowage.api.compute.microversion import Microversion, mv
+from stowage.api.compute.paging import page_migrations
 from stowage.api.compute.servers import load_server
 from stowage.ledger.objects import Document
 from stowage.services.cloud import Cloud
@@ -85,7 +86,11 @@ async def list_migrations(request: Request) -> JSONResponse:
         else:
             docs = [d for d in docs if str(d.body.get(field)) == wanted]
     docs.sort(key=lambda d: (d.created_at, d.id), reverse=True)
-    return JSONResponse({"migrations": [migration_view(d, mv(request)) for d in docs]})
+    docs, links = page_migrations(docs, query, mv(request), cloud.config.base_url)
+    body: dict[str, Any] = {"migrations": [migration_view(d, mv(request)) for d in docs]}
+    if links:
+        body["migrations_links"] = links
+    return JSONResponse(body)
 
 
 @router.get("/servers/{server_id}/migrations")

@@ -220,7 +220,7 @@ async def delete_rule(rule_id: str, request: Request) -> Response:
 
 @router.get("/servers/{server_id}/os-security-groups")
 async def server_groups(server_id: str, request: Request) -> JSONResponse:
-    ctx = _proxied(request)
+    ctx = require_context(request)  # not a proxy: Nova serves it at every microversion
     doc = load_server(cloud_of(request), ctx, server_id)
     groups = await _call(_all_groups, request, ctx)
     names = set(doc.body.get("security_groups") or [])

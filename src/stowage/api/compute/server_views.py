@@ -66,6 +66,7 @@ def action_view(
     *,
     rebuild: bool,
     admin_pass: str | None = None,
+    user_data: str | None = None,
 ) -> dict[str, Any]:
     """The server as an update (or a rebuild, which also tells the new admin password)
     returns it at `version`."""
@@ -84,7 +85,7 @@ def action_view(
     if shown.get("status") not in _PROGRESS_STATUSES:
         shown.pop("progress", None)
     if rebuild and version >= (2, 57):
-        shown["user_data"] = None
+        shown["user_data"] = user_data
     if rebuild and admin_pass is not None:
         shown["adminPass"] = admin_pass
     return shown

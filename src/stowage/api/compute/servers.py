@@ -16,6 +16,24 @@ from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.create_schema import check_create_shapes
 from stowage.api.compute.microversion import mv
 from stowage.api.compute.server_actions import EXTRA_ACTIONS, extra_action
+from stowage.api.compute.server_fields import (
+    CREATE_FIELDS,
+    REBUILD_FIELDS,
+    UPDATE_FIELDS,
+    apply_common_fields,
+    check_group,
+    check_lock,
+    check_nics,
+    check_refused,
+    check_unknown,
+    create_extras,
+    hostname_of,
+    locked_by,
+    pinned_host,
+    rebuild_changes,
+    shown_host,
+)
+from stowage.api.compute.server_filters import all_tenants_asked, filter_servers, sort_servers
 from stowage.api.compute.server_views import (
     action_view,
     check_create,
@@ -96,7 +114,7 @@ def server_view(
     if brief:
         return {"id": doc.id, "name": body["name"], "links": _links(request, "servers", doc.id)}
     version = mv(request)
-    host = body.get("host")
+    host = shown_host(cloud_of(request), doc)
     view: dict[str, Any] = {
         "id": doc.id,
         "name": body["name"],
@@ -112,10 +130,10 @@ def server_view(
         "created": _iso(doc.created_at),
         "updated": _iso(doc.updated_at),
         "addresses": body.get("addresses") or {},
-        "accessIPv4": "",
-        "accessIPv6": "",
+        "accessIPv4": body.get("access_ipv4") or "",
+        "accessIPv6": body.get("access_ipv6") or "",
         "links": _links(request, "servers", doc.id),
-        "OS-DCF:diskConfig": "MANUAL",
+        "OS-DCF:diskConfig": body.get("disk_config") or "MANUAL",
         "progress": 0,
         "OS-EXT-AZ:availability_zone": body.get("availability_zone") or "nova",
         "config_drive": "",
@@ -136,15 +154,17 @@ def server_view(
         if version >= (2, 3):
             view.update(
                 {
-                    "OS-EXT-SRV-ATTR:hostname": re.sub(r"[^a-z0-9-]", "-", body["name"].lower()),
+                    "OS-EXT-SRV-ATTR:hostname": hostname_of(body),
                     "OS-EXT-SRV-ATTR:reservation_id": body.get("reservation_id"),
                     "OS-EXT-SRV-ATTR:launch_index": body.get("launch_index", 0),
                     "OS-EXT-SRV-ATTR:kernel_id": "",
                     "OS-EXT-SRV-ATTR:ramdisk_id": "",
                     "OS-EXT-SRV-ATTR:root_device_name": "/dev/vda",
-                    "OS-EXT-SRV-ATTR:user_data": None,
+                    "OS-EXT-SRV-ATTR:user_data": body.get("user_data"),
                 }
             )
+    elif version >= (2, 90):
+        view["OS-EXT-SRV-ATTR:hostname"] = hostname_of(body)
     if body["status"] == "ERROR" and body.get("fault"):
         fault = dict(body["fault"])
         fault["created"] = _iso(fault.get("created"))
@@ -196,13 +216,16 @@ def _one(value: Any, field: str) -> int:
     return number
 
 
-def _parse_create(cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
+def _parse_create(request: Request, cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
     if not isinstance(body, dict) or not isinstance(body.get("server"), dict):
         raise ApiError(
             400, "Invalid input for field/attribute server: 'server' is a required property"
         )
     server = body["server"]
+    version = mv(request)
+    check_unknown(server, CREATE_FIELDS, version)
     check_create_shapes(server)
+    extras = create_extras(server, version)
     name = server.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > _NAME_MAX:
         raise ApiError(
@@ -245,15 +268,14 @@ def _parse_create(cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
         raise ApiError(400, "Invalid input for field/attribute scheduler_hints: not an object")
     check_create(cloud, ctx, server, flavor.body)
     zone, force_host = _parse_zone(ctx, server.get("availability_zone"))
+    force_host = pinned_host(cloud, ctx, server, force_host)
+    if extras["hostname"] is not None and max_count > 1:
+        raise ApiError(400, "Cannot specify hostname when creating multiple servers")
     group = hints.get("group")
     if isinstance(group, list):
         group = group[0] if group else None
-    networks = server.get("networks", "auto")
-    if isinstance(networks, list):
-        for net in networks:
-            net_id = net.get("uuid") if isinstance(net, dict) else None
-            if net_id and cloud.objects.find("network", net_id) is None:
-                raise ApiError(400, f"Network {net_id} could not be found.")
+    check_group(cloud, ctx, str(group) if group else None)
+    networks = check_nics(cloud, ctx, server.get("networks", "auto"), version)
     return BuildRequest(
         name=name,
         flavor=dict(flavor.body),
@@ -277,6 +299,7 @@ def _parse_create(cloud: Cloud, ctx: Context, body: Any) -> BuildRequest:
         image_properties=image_properties,
         tags=list(server.get("tags") or []),
         is_admin=ctx.is_admin,
+        **extras,
     )
 
 
@@ -320,7 +343,7 @@ async def create_server(request: Request) -> JSONResponse:
         raise ApiError(403, "Policy doesn't allow os_compute_api:servers:create to be performed.")
     cloud = cloud_of(request)
     payload = await json_body(request)
-    build = _parse_create(cloud, ctx, payload)
+    build = _parse_create(request, cloud, ctx, payload)
     try:
         docs = await asyncio.to_thread(build_servers, cloud, build, request.state.request_id)
     except InvalidSpec as exc:
@@ -347,8 +370,7 @@ def _list(request: Request, *, detail: bool) -> JSONResponse:
     ctx = require_context(request)
     cloud = cloud_of(request)
     query = request.query_params
-    all_tenants = query.get("all_tenants", "").lower() in ("1", "true", "yes", "")
-    all_tenants = ctx.is_admin and "all_tenants" in query and all_tenants
+    all_tenants = all_tenants_asked(ctx, query)
     project = query.get("project_id") or query.get("tenant_id")
     if project and all_tenants:  # Nova ignores the project filter without all_tenants
         docs = cloud.objects.list("instance", project_id=project)
@@ -357,7 +379,9 @@ def _list(request: Request, *, detail: bool) -> JSONResponse:
     else:
         docs = cloud.objects.list("instance", project_id=ctx.project_id)
     docs = [d for d in docs if _matches(d, query, ctx)]
-    docs.sort(key=lambda d: (d.created_at, d.id), reverse=True)
+    version = mv(request)
+    docs = filter_servers(docs, query, ctx, version, lambda b: b.get("availability_zone") or "nova")
+    docs = sort_servers(docs, query, ctx, version)
     marker = query.get("marker")
     if marker:
         ids = [d.id for d in docs]
@@ -466,19 +490,9 @@ async def update_server(request: Request, server_id: str) -> JSONResponse:
     server = payload.get("server") if isinstance(payload, dict) else None
     if not isinstance(server, dict):
         raise ApiError(400, "Invalid input for field/attribute server: 'server' is required")
-    unknown = set(server) - {
-        "name",
-        "description",
-        "accessIPv4",
-        "accessIPv6",
-        "OS-DCF:diskConfig",
-        "hostname",
-    }
-    if unknown:
-        raise ApiError(
-            400, f"Additional properties are not allowed ({sorted(unknown)[0]!r} was unexpected)"
-        )
+    check_unknown(server, UPDATE_FIELDS, mv(request))
     body = dict(doc.body)
+    apply_common_fields(body, server, mv(request))
     if "name" in server:
         name = server["name"]
         if not isinstance(name, str) or not name.strip() or len(name) > _NAME_MAX:
@@ -507,6 +521,7 @@ async def remove_server(request: Request, server_id: str) -> Response:
 
 
 _POWER_ACTIONS = {"os-stop", "os-start", "reboot", "pause", "unpause", "suspend", "resume"}
+_UNSUPPORTED_POWER = {"pause", "unpause", "suspend", "resume"}
 
 
 async def settled(cloud: Cloud, instance_ids: list[str]) -> None:
@@ -521,6 +536,8 @@ async def settled(cloud: Cloud, instance_ids: list[str]) -> None:
 
 
 _ADMIN_ACTIONS = {"os-resetState", "os-migrateLive", "migrate", "evacuate"}
+# Nova's @check_instance_lock: a locked server refuses these to anyone but an admin.
+_LOCK_CHECKED = {"resize", "confirmResize", "revertResize", "rebuild", "createBackup"}
 # Nova's defaults: moving servers between hosts is for admins; resizing is for owners.
 
 
@@ -538,6 +555,14 @@ async def server_action(request: Request, server_id: str) -> Response:
     if not ctx.can_write:
         raise ApiError(403, f"Policy doesn't allow os_compute_api:{action} to be performed.")
     rid = request.state.request_id
+    if action in _UNSUPPORTED_POWER:
+        # No driver here pauses or suspends a guest: say so (Nova's 501 for what a driver
+        # does not do), instead of changing the record alone.
+        raise ApiError(
+            501,
+            f"Cannot '{action}' instance {server_id}: the hypervisor of host "
+            f"{doc.body.get('host')} does not support {action}.",
+        )
     if action in _POWER_ACTIONS:
         name = await asyncio.to_thread(
             power_action, cloud, server_id, action, is_admin=ctx.is_admin, request_id=rid
@@ -545,11 +570,15 @@ async def server_action(request: Request, server_id: str) -> Response:
         record_action(cloud, server_id, name, ctx.user_id, ctx.project_id, rid)
         await settled(cloud, [server_id])
         return Response(status_code=202)
+    if doc.body.get("locked") and not ctx.is_admin and action in _LOCK_CHECKED:
+        raise ApiError(409, f"Instance {server_id} is locked")
     if action in ("lock", "unlock"):
         body = dict(doc.body)
+        check_lock(ctx, doc.body, action)
         body["locked"] = action == "lock"
         reason = (args or {}).get("locked_reason") if isinstance(args, dict) else None
         body["locked_reason"] = reason if action == "lock" else None
+        body["locked_by"] = locked_by(ctx, doc.body) if action == "lock" else None
         cloud.objects.update("instance", server_id, body)
         record_action(cloud, server_id, action, ctx.user_id, ctx.project_id, rid)
         return Response(status_code=202)
@@ -603,14 +632,24 @@ async def _rebuild(request: Request, ctx: Context, doc: Document, args: Any) -> 
     ref = args.get("imageRef")
     if not ref:
         raise ApiError(400, "Invalid input for field/attribute imageRef: required")
+    version = mv(request)
+    check_unknown(args, REBUILD_FIELDS, version)
+    check_refused(args, rebuild=True)
     image_id = bootable_image(cloud, ctx, str(ref).rstrip("/").rsplit("/", 1)[-1]).id
-    await asyncio.to_thread(rebuild_server, cloud, doc.id, image_id, args.get("name"))
+    changes = rebuild_changes(cloud, ctx, doc.body, args, version)
+    await asyncio.to_thread(
+        rebuild_server, cloud, doc.id, image_id, args.get("name"), changes=changes
+    )
     record_action(cloud, doc.id, "rebuild", ctx.user_id, ctx.project_id, request.state.request_id)
     await settled(cloud, [doc.id])
     updated = cloud.objects.get("instance", doc.id)
     password = str(args.get("adminPass") or secrets.token_urlsafe(9))
     view = action_view(
-        server_view(request, ctx, updated), mv(request), rebuild=True, admin_pass=password
+        server_view(request, ctx, updated),
+        mv(request),
+        rebuild=True,
+        admin_pass=password,
+        user_data=updated.body.get("user_data"),
     )
     return JSONResponse({"server": view}, status_code=202)
 
@@ -666,6 +705,7 @@ async def _move_action(
         dest=dest,
         new_flavor=new_flavor,
         request_id=rid,
+        target_state="stopped" if action == "evacuate" and mv(request) >= (2, 95) else None,
     )
     await settled(cloud, [server_id])
     if action == "evacuate":
