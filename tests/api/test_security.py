@@ -498,3 +498,69 @@ def test_the_bootstrap_password_and_an_operators_new_one_are_kept(tmp_path: Path
         assert stat.S_IMODE((state / "clouds.yaml").stat().st_mode) == 0o600
     finally:
         stop_cloud(again)
+
+
+# -- input: what each service refuses ------------------------------------------------------------
+
+
+def test_a_name_with_a_nul_character_is_refused_everywhere(cloud: RunningCloud) -> None:
+    token = cloud.token()
+    bad = "a\u0000b"
+    image_id = cloud.osc_json("image", "show", IMAGE)["id"]
+    cases = [
+        ("POST", "/image/v2/images", {"name": bad}),
+        ("POST", "/networking/v2.0/networks", {"network": {"name": bad}}),
+        ("POST", "/networking/v2.0/security-groups", {"security_group": {"name": bad}}),
+        ("POST", "/identity/v3/projects", {"project": {"name": bad}}),
+        ("POST", "/identity/v3/users", {"user": {"name": bad}}),
+        ("POST", "/identity/v3/roles", {"role": {"name": bad}}),
+        ("POST", "/identity/v3/domains", {"domain": {"name": bad}}),
+        ("POST", "/compute/v2.1/os-keypairs", {"keypair": {"name": bad}}),
+        ("POST", "/compute/v2.1/flavors", {"flavor": {"name": bad, "ram": 64, "vcpus": 1}}),
+        (
+            "POST",
+            "/compute/v2.1/servers",
+            {"server": {"name": bad, "flavorRef": "1", "imageRef": image_id, "networks": "none"}},
+        ),
+        ("PUT", "/placement/resource_classes/CUSTOM_A%00B", None),
+        ("PUT", "/placement/traits/CUSTOM_A%00B", None),
+        ("PUT", "/identity/v3/projects/x/tags/a%00b", None),
+    ]
+    for method, path, body in cases:
+        headers = {"OpenStack-API-Version": "placement latest"}
+        answer = _call(cloud, token, method, path, json=body, headers=headers)
+        assert answer.status_code == 400, (path, answer.status_code, answer.text)
+    # Nothing was made on the way.
+    names = [i["name"] for i in _call(cloud, token, "GET", "/image/v2/images").json()["images"]]
+    assert bad not in names
+    projects = _call(cloud, token, "GET", "/identity/v3/projects").json()["projects"]
+    assert bad not in [p["name"] for p in projects]
+
+
+def test_an_rxtx_factor_past_novas_bound_is_refused(cloud: RunningCloud) -> None:
+    for factor in (1e308, 3.5e38, "1e308"):
+        body = {"flavor": {"name": unique("rx"), "ram": 64, "vcpus": 1, "disk": 1}}
+        body["flavor"]["rxtx_factor"] = factor
+        answer = cloud.compute("POST", "/flavors", json=body)
+        assert answer.status_code == 400, (factor, answer.text)
+        assert "rxtx_factor" in answer.json()["badRequest"]["message"]
+    body = {"flavor": {"name": unique("rx"), "ram": 64, "vcpus": 1, "disk": 1, "rxtx_factor": 2.5}}
+    made = cloud.compute("POST", "/flavors", json=body)
+    assert made.status_code == 200, made.text
+    assert made.json()["flavor"]["rxtx_factor"] == 2.5
+    assert cloud.compute("DELETE", f"/flavors/{made.json()['flavor']['id']}").status_code == 202
+
+
+def test_a_quota_of_a_project_that_does_not_exist_is_refused(cloud: RunningCloud) -> None:
+    body = {"quota_set": {"instances": 7}}
+    missing = uuid.uuid4().hex
+    answer = cloud.compute("PUT", f"/os-quota-sets/{missing}", json=body)
+    assert answer.status_code == 400, answer.text
+    assert "not a valid project" in answer.json()["badRequest"]["message"]
+    demo = cloud.osc_json("project", "show", "demo")["id"]
+    current = cloud.compute("GET", f"/os-quota-sets/{demo}").json()["quota_set"]["instances"]
+    set_ = cloud.compute("PUT", f"/os-quota-sets/{demo}", json={"quota_set": {"instances": 7}})
+    assert set_.status_code == 200
+    assert set_.json()["quota_set"]["instances"] == 7
+    restore = {"quota_set": {"instances": current}}
+    assert cloud.compute("PUT", f"/os-quota-sets/{demo}", json=restore).status_code == 200

@@ -247,7 +247,29 @@ def loads(raw: bytes) -> Any:
         json.dumps(value, ensure_ascii=False).encode()
     except UnicodeEncodeError:
         raise ValueError("a string is not valid Unicode") from None
+    if _holds_nul(value):
+        raise NulInString("a string holds a NUL character")
     return value
+
+
+class NulInString(ValueError):
+    """A JSON string with U+0000: no name, id or value may hold one (PostgreSQL cannot store it,
+    and C strings end there)."""
+
+
+def _holds_nul(value: Any) -> bool:
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def _no_constant(name: str) -> Any:
@@ -263,6 +285,8 @@ async def json_body(request: Request, *, required: bool = True) -> Any:
         return None
     try:
         return loads(raw)
+    except NulInString:
+        raise ApiError(400, "Invalid input: a string of the body holds a NUL character.") from None
     except ValueError:
         raise ApiError(400, "Malformed request body: not valid JSON.") from None
 

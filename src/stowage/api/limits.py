@@ -5,7 +5,8 @@ A body over the limit is refused with 413 before any handler parses it, and befo
 checked: the count is of the bytes that arrive, so a chunked body without Content-Length is
 cut off as soon as it passes the limit. A body of another media type (XML, a form) is refused
 with 415, as Nova, Glance, Neutron and Placement answer (400 from identity, as Keystone). Image
-data (`PUT /image/v2/images/{id}/file`) streams to disk and is exempt from both.
+data (`PUT /image/v2/images/{id}/file`) streams to disk and is exempt from both. A path with
+a NUL character (a name in the path: a tag, a trait) is a 400.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class BodyLimit:
             status = 400 if scope["path"].startswith("/identity") else 415
             refusal = "Unsupported Content-Type: a request body must be application/json."
             await self._refuse(scope, send, status, refusal)
+            return
+        if "\x00" in scope["path"]:  # a tag or trait name of PUT .../tags/{tag}, say
+            await self._refuse(scope, send, 400, "Invalid input: the path holds a NUL character.")
             return
         pending: list[Message] = [
             first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}

@@ -241,7 +241,15 @@ def _rxtx(value: Any) -> float:
         raise ApiError(400, f"Invalid input for field/attribute rxtx_factor: {value!r}") from None
     if not factor > 0:
         raise ApiError(400, "Invalid input for field/attribute rxtx_factor: must be above 0")
+    if factor > _RXTX_MAX:
+        # Nova's schema bound: the column is a 32-bit float.
+        raise ApiError(
+            400, f"Invalid input for field/attribute rxtx_factor: {value!r} is above {_RXTX_MAX}"
+        )
     return factor
+
+
+_RXTX_MAX = 3.40282e38
 
 
 def _description(value: Any) -> str | None:

@@ -139,6 +139,9 @@ async def show(project_id: str, request: Request) -> JSONResponse:
 async def update(project_id: str, request: Request) -> JSONResponse:
     require_admin(request)
     cloud = cloud_of(request)
+    if cloud.objects.find("project", project_id) is None:
+        # Nova asks Keystone (nova.api.openstack.identity.verify_project_id): a 400.
+        raise ApiError(400, f"Project ID {project_id} is not a valid project.")
     # A user's quota is kept and shown; servers are counted against the project's.
     user_id = request.query_params.get("user_id")
     payload = catalog.member(await json_body(request), "quota_set")
