@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,8 @@ async def running_cloud(cloud: Cloud, tmp_path: Path) -> AsyncIterator[dict[str,
         server = AgentServer(name, driver, bus, lambda n=name: cloud.ledger.heartbeat([n]))
         await server.serve()
         servers[name] = server
-    conductor = Conductor(cloud, bus, FAST, owner="recovery")
+    config = dataclasses.replace(FAST, live_migration_transfer_s=cloud.config.live_migration_s)
+    conductor = Conductor(cloud, bus, config, owner="recovery")
     cloud.kick = conductor.kick
     task = asyncio.create_task(conductor.run())
     try:
@@ -287,3 +289,115 @@ def test_restore_guests_refills_a_fresh_simulated_hypervisor(cloud: Cloud, tmp_p
         assert {str(v): c for v, c in running[i]["pins"].items()} == claim["pins"]
     assert restore_guests(cloud, "host1", fresh) == []  # already there: nothing twice
     fresh.close()
+
+
+# --- deleting a server whose move is not over -------------------------------------------
+
+
+def holdings(cloud: Cloud) -> dict[str, list[str]]:
+    """host -> the consumers holding claims there."""
+    from sqlalchemy import select
+
+    from stowage.ledger.db import READONLY
+    from stowage.ledger.schema import allocations, hosts
+
+    with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
+        rows = conn.execute(
+            select(hosts.c.name, allocations.c.consumer_id)
+            .select_from(allocations.join(hosts, hosts.c.id == allocations.c.host_id))
+            .distinct()
+        ).all()
+    out: dict[str, list[str]] = {}
+    for host, consumer in rows:
+        out.setdefault(str(host), []).append(str(consumer))
+    return {h: sorted(c) for h, c in sorted(out.items())}
+
+
+def guests(servers: dict[str, AgentServer]) -> dict[str, list[str]]:
+    return {h: sorted(s.driver.running()) for h, s in servers.items()}
+
+
+def _move(cloud: Cloud, instance_id: str, kind: str) -> str:
+    from stowage.services import migrations
+
+    result = migrations.move(cloud, instance_id, kind, user_id="u", project_id="p", dest="host2")
+    assert result.dest == "host2", result
+    return result.migration_id
+
+
+def test_deleting_a_server_in_verify_resize_destroys_it_at_both_ends(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with running_cloud(cloud, tmp_path) as servers:
+            [vm] = await asyncio.to_thread(build, cloud, 1, "host1")
+            await until(lambda: state(cloud, vm)[0] == "ACTIVE")
+            mid = await asyncio.to_thread(_move, cloud, vm, "migration")
+            await until(lambda: state(cloud, vm)[0] == "VERIFY_RESIZE")
+            assert guests(servers) == {"host1": [vm], "host2": [vm]}
+            assert holdings(cloud) == {"host1": [vm], "host2": [mid]}
+            await asyncio.to_thread(compute.delete_server, cloud, vm)
+            await until(lambda: cloud.objects.find("instance", vm) is None)
+            await until(lambda: not cloud.operations.active())
+            # Nothing runs anywhere, nothing is held anywhere.
+            assert guests(servers) == {"host1": [], "host2": []}
+            assert holdings(cloud) == {}
+            record = cloud.objects.get("migration", mid).body
+            assert (record["status"], record["reason"]) == ("failed", "the instance was deleted")
+
+    asyncio.run(scenario())
+    assert audit(cloud.ledger) == []
+
+
+def test_deleting_a_server_during_its_live_migration_destroys_it_at_both_ends(
+    db_url: str, tmp_path: Path
+) -> None:
+    cloud = _cloud(db_url, tmp_path, live_migration_s=60.0)  # the copy lasts: still in flight
+
+    async def scenario() -> None:
+        async with running_cloud(cloud, tmp_path) as servers:
+            [vm] = await asyncio.to_thread(build, cloud, 1, "host1")
+            await until(lambda: state(cloud, vm)[0] == "ACTIVE")
+            mid = await asyncio.to_thread(_move, cloud, vm, "live-migration")
+            await until(lambda: cloud.objects.get("migration", mid).body["status"] == "running")
+            assert guests(servers) == {"host1": [vm], "host2": [vm]}
+            await asyncio.to_thread(compute.delete_server, cloud, vm)
+            await until(lambda: cloud.objects.find("instance", vm) is None)
+            await until(lambda: not cloud.operations.active())
+            assert guests(servers) == {"host1": [], "host2": []}
+            assert holdings(cloud) == {}
+            assert cloud.objects.get("migration", mid).body["status"] == "failed"
+
+    try:
+        asyncio.run(scenario())
+        assert audit(cloud.ledger) == []
+    finally:
+        cloud.ledger.close()
+
+
+def test_a_deleted_servers_destination_stays_held_until_it_is_known_clean(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with running_cloud(cloud, tmp_path) as servers:
+            [vm] = await asyncio.to_thread(build, cloud, 1, "host1")
+            await until(lambda: state(cloud, vm)[0] == "ACTIVE")
+            mid = await asyncio.to_thread(_move, cloud, vm, "resize")
+            await until(lambda: state(cloud, vm)[0] == "VERIFY_RESIZE")
+            servers["host2"].stop()  # the destination's agent stops answering
+            await asyncio.to_thread(compute.delete_server, cloud, vm)
+            await until(lambda: cloud.objects.find("instance", vm) is None)
+            await asyncio.sleep(1.5)  # several tries of the destination's clean-up
+            # Unknown there: its claims stay with the migration, and the record says so.
+            assert holdings(cloud) == {"host2": [mid]}
+            assert cloud.objects.get("migration", mid).body["status"] == "error"
+            assert [op.kind for op in cloud.operations.active(host="host2")] == ["cleanup"]
+            assert audit(cloud.ledger) == []
+            servers["host2"].start()
+            await until(lambda: not cloud.operations.active(), 30)
+            assert guests(servers) == {"host1": [], "host2": []}
+            assert holdings(cloud) == {}
+            assert cloud.objects.get("migration", mid).body["status"] == "failed"
+
+    asyncio.run(scenario())
+    assert audit(cloud.ledger) == []

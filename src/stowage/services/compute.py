@@ -490,12 +490,38 @@ def _set_state(body: dict[str, Any], state: InstanceState, *, task_state: str | 
 
 
 def delete_server(cloud: Cloud, instance_id: str) -> None:
-    """Destroy on the host's agent, then release every claim and forget it. Safe to repeat.
+    """Destroy on every host the instance may run on, then release every claim and forget
+    it. Safe to repeat.
+
+    The hosts are its own and both ends of every move not yet over: the source and the
+    destination of a live migration in flight, the destination of a resize waiting in
+    VERIFY_RESIZE. Each gets an operation the conductor drives to the end: `delete` on the
+    instance's host (its claims go once the guest is destroyed there), `cleanup` elsewhere;
+    a destination's claims stay with its migration until its clean-up confirms the guest is
+    gone there, so nothing is handed out again while a guest may still run on it.
 
     An instance with no host, or on a host whose service is down, is deleted at once (Nova's
     "local delete"), and its host destroys it when it comes back: its clean-up runs there
-    before anything new does.
+    before anything new does. One transaction per attempt, compare-and-swap on the instance.
     """
+    for _attempt in range(_DELETE_ATTEMPTS):
+        if _delete_once(cloud, instance_id):
+            cloud.kick()
+            return
+    raise ConflictError(
+        f"Cannot 'delete' instance {instance_id}: it kept changing while it was deleted"
+    )
+
+
+_DELETE_ATTEMPTS = 5
+
+
+class _Changed(Exception):
+    """The instance changed between the read and the write: read again."""
+
+
+def _delete_once(cloud: Cloud, instance_id: str) -> bool:
+    """One attempt of `delete_server`; False when another writer changed the instance."""
     from stowage.services.migrations import host_is_up
 
     doc = cloud.objects.find("instance", instance_id)
@@ -506,54 +532,114 @@ def delete_server(cloud: Cloud, instance_id: str) -> None:
     ops = cloud.operations
     pending = ops.active(instance_id=instance_id)
     if any(op.kind == "delete" for op in pending):
-        return  # already being deleted
+        return True  # already being deleted
     host = doc.body.get("host")
     # A create's scheduling serves its other instances too: it skips this one once it is
     # gone (its claim would be refused), so it is left to run.
     pending = [op for op in pending if not (op.kind == "build" and op.step == "schedule")]
+    moves = _moves_in_flight(cloud, instance_id)
+    for move in [m for m in moves if m.dest is None]:
+        _fail_unclaimed_move(cloud, move.migration_id)
+    moves = [m for m in moves if m.dest is not None]
     hosts_touched = {op.host for op in pending if op.host} | ({host} if host else set())
-    # A delete overtakes the instance's other operations; each place it might be is cleaned.
-    with cloud.ledger.engine.begin() as conn:
+    for move in moves:
+        hosts_touched |= {h for h in (move.source, move.dest) if h}
+
+    def overtake(conn: Connection) -> None:
+        # A delete overtakes the instance's other operations; each place it might be is
+        # cleaned, a destination with its migration's claims.
         for op in pending:
             ops.advance(conn, op.id, state="failed", result={"error": "deleted"})
+        for move in moves:
+            _end_move_on_delete(cloud, conn, instance_id, move)
+        for other in sorted(hosts_touched - {host} - {m.dest for m in moves if m.dest}):
+            ops.enqueue("cleanup", instance_id, other, step="destroy", conn=conn)
+
     if host and host_is_up(cloud, host):
         body = dict(doc.body)
         body["task_state"] = "deleting"
         with cloud.ledger.engine.begin() as conn:
-            cloud.objects.update_in(conn, "instance", instance_id, body)
+            if not cloud.objects.swap_in(conn, "instance", instance_id, doc.body, body):
+                return False
+            overtake(conn)
             ops.enqueue("delete", instance_id, host, step="destroy", conn=conn)
-            for other in sorted(hosts_touched - {host}):
-                ops.enqueue("cleanup", instance_id, other, step="destroy", conn=conn)
-        _release_migrations(cloud, instance_id)
-        cloud.kick()
-        return
+        return True
 
     def gone(conn: Connection) -> None:
+        if not cloud.objects.swap_in(conn, "instance", instance_id, doc.body, doc.body):
+            raise _Changed
         cloud.objects.delete_in(conn, "instance", instance_id)
-        for other in sorted(hosts_touched):
-            ops.enqueue("cleanup", instance_id, other, step="destroy", conn=conn)
+        overtake(conn)
+        if host and host not in {m.dest for m in moves}:
+            ops.enqueue("cleanup", instance_id, host, step="destroy", conn=conn)
 
-    _release_migrations(cloud, instance_id)
-    cloud.ledger.release(instance_id, also=gone)
+    try:
+        cloud.ledger.release(instance_id, also=gone)
+    except _Changed:
+        return False
     networks.release_ports(cloud, instance_id)
-    cloud.kick()
+    return True
 
 
-def _release_migrations(cloud: Cloud, instance_id: str) -> None:
-    """A deleted instance's moves end with it: their claims go, their records say so."""
+@dataclass(frozen=True, slots=True)
+class _Move:
+    migration_id: str
+    source: str | None
+    dest: str | None  # the host the migration's claims are on (None: it holds none)
+
+
+def _moves_in_flight(cloud: Cloud, instance_id: str) -> list[_Move]:
+    """The instance's migrations that are not over, with where each one's claims are."""
     from stowage.services.migrations import ENDED
 
+    found = []
     for doc in cloud.objects.list("migration"):
-        record = dict(doc.body)
+        record = doc.body
         if record.get("instance_uuid") != instance_id or record.get("status") in ENDED:
             continue
-        record["status"] = "failed"
-        record["reason"] = "the instance was deleted"
+        with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
+            dest = conn.execute(
+                select(hosts.c.name)
+                .select_from(consumers.join(hosts, hosts.c.id == consumers.c.host_id))
+                .where(consumers.c.id == doc.id)
+            ).scalar()
+        found.append(_Move(doc.id, record.get("source_compute"), dest))
+    return found
 
-        def write(conn: Connection, mid: str = doc.id, rec: dict[str, Any] = record) -> None:
-            cloud.objects.update_in(conn, "migration", mid, rec)
 
-        cloud.ledger.fail_migration(doc.id, also=write)
+def _fail_unclaimed_move(cloud: Cloud, migration_id: str) -> None:
+    """A move of a deleted instance that holds no destination is over at once."""
+
+    def write(conn: Connection) -> None:
+        doc = cloud.objects.find("migration", migration_id)
+        if doc is not None:
+            record = {**doc.body, "status": "failed", "reason": "the instance was deleted"}
+            cloud.objects.update_in(conn, "migration", migration_id, record)
+
+    cloud.ledger.fail_migration(migration_id, also=write)
+
+
+def _end_move_on_delete(cloud: Cloud, conn: Connection, instance_id: str, move: _Move) -> None:
+    """A deleted instance's move ends with it: its destination is cleaned up first, and the
+    conductor releases the destination's claims once the guest is gone there, in the commit
+    that says `failed`."""
+    doc = cloud.objects.find("migration", move.migration_id)
+    if doc is None:
+        return
+    record = dict(doc.body)
+    record["reason"] = "the instance was deleted"
+    assert move.dest is not None
+    # Unknown until the destination answers: both "error" and a live clean-up say so.
+    record["status"] = "error"
+    cloud.objects.update_in(conn, "migration", move.migration_id, record)
+    cloud.operations.enqueue(
+        "cleanup",
+        instance_id,
+        move.dest,
+        step="destroy",
+        migration_id=move.migration_id,
+        conn=conn,
+    )
 
 
 def power_action(

@@ -463,6 +463,18 @@ class Conductor:
             networks.release_ports(cloud, op.instance_id)
         elif op.kind == "rebuild":
             self.ops.update(op.id, step="spawn")
+        elif op.migration_id is not None:
+            # The destination of a deleted instance's move is clean: its claims go now.
+            migration_id = op.migration_id
+
+            def ended(conn: Connection) -> None:
+                doc = cloud.objects.find("migration", migration_id)
+                if doc is not None:
+                    record = {**doc.body, "status": "failed"}
+                    cloud.objects.update_in(conn, "migration", migration_id, record)
+                self.ops.advance(conn, op.id, state="done", result=reply)
+
+            cloud.ledger.fail_migration(migration_id, also=ended)
         else:  # cleanup
             self.ops.update(op.id, state="done", result=reply)
 
