@@ -410,3 +410,16 @@ def test_deleting_one_instance_of_a_create_before_it_is_scheduled_spares_the_oth
     assert cloud.objects.find("instance", ids[0]) is None
     drive(cloud, tmp_path, lambda: statuses(cloud) == ["ACTIVE", "ACTIVE"])
     assert audit_cloud(cloud.ledger, stale_after_s=0) == []
+
+
+def test_two_writers_of_one_instance_from_the_same_read_lose_nothing(cloud: Cloud) -> None:
+    """Before the fix about twenty writers replaced the whole document with their copy: the
+    second of two writers that read the same version erased the first one's change."""
+    from stowage.services.instances import write_instance
+
+    (vm,) = (d["id"] for d in build_servers(cloud, request(1), "req"))
+    read = cloud.objects.get("instance", vm).body
+    write_instance(cloud, vm, read, {**read, "metadata": {"owner": "ops"}})
+    write_instance(cloud, vm, read, {**read, "locked": True})  # from the same, stale read
+    body = cloud.objects.get("instance", vm).body
+    assert (body["metadata"], body["locked"]) == ({"owner": "ops"}, True)

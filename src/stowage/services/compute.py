@@ -20,6 +20,7 @@ from stowage.ledger.schema import consumers, hosts, numa_claims, pins
 from stowage.scheduling.framework import Request
 from stowage.services import networks, quotas
 from stowage.services.cloud import Cloud
+from stowage.services.instances import write_instance
 
 __all__ = [
     "BuildRequest",
@@ -679,7 +680,7 @@ def power_action(
     # Pause and suspend have no step on the simulated hypervisor: the state is the record.
     if after is not None:
         _set_state(body, after, task_state=None)
-    cloud.objects.update("instance", instance_id, body)
+    write_instance(cloud, instance_id, doc.body, body)
     return _ACTION_NAMES[action]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -391,22 +391,6 @@ def planned(cloud: Cloud, result: MoveResult, timeout_s: float) -> MoveResult:
         if record.get("dest_compute") or record["status"] in ENDED or time.monotonic() > deadline:
             return now
         time.sleep(0.01)
-
-
-def _writer(
-    cloud: Cloud,
-    migration_id: str,
-    record: dict[str, Any],
-    instance_id: str,
-    body: dict[str, Any],
-) -> Callable[[Connection], None]:
-    """Write the record and the instance inside the ledger transaction that moves the claims."""
-
-    def write(conn: Connection) -> None:
-        cloud.objects.update_in(conn, "migration", migration_id, record)
-        cloud.objects.update_in(conn, "instance", instance_id, body)
-
-    return write
 
 
 def _name_of(cloud: Cloud, host_id: int) -> str:

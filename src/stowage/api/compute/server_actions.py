@@ -17,6 +17,7 @@ from stowage.services import images as image_service
 from stowage.services import networks as net
 from stowage.services.cloud import Cloud
 from stowage.services.compute import record_action, snapshot_server
+from stowage.services.instances import write_instance
 
 __all__ = ["EXTRA_ACTIONS", "extra_action"]
 
@@ -83,7 +84,7 @@ def _change_groups(cloud: Cloud, ctx: Context, doc: Document, name: str, *, add:
     body["security_groups"] = (
         [*names, group["name"]] if add else [n for n in names if n != group["name"]]
     )
-    cloud.objects.update("instance", doc.id, body)
+    write_instance(cloud, doc.id, doc.body, body)
 
 
 async def _backup(request: Request, ctx: Context, doc: Document, args: dict[str, Any]) -> Response:

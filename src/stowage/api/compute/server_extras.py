@@ -12,6 +12,7 @@ from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.microversion import mv
 from stowage.api.compute.servers import load_server
 from stowage.ledger.objects import Document
+from stowage.services.instances import write_instance
 
 __all__ = ["router"]
 
@@ -48,9 +49,7 @@ def _check_tag(tag: Any) -> str:
 def _save_tags(request: Request, doc: Document, tags: list[str]) -> None:
     if len(tags) > _TAGS_MAX:
         raise ApiError(400, f"The number of tags exceeded the per-server limit {_TAGS_MAX}")
-    body = dict(doc.body)
-    body["tags"] = tags
-    cloud_of(request).objects.update("instance", doc.id, body)
+    write_instance(cloud_of(request), doc.id, doc.body, {**doc.body, "tags": tags})
 
 
 @router.get("/servers/{server_id}/tags")
@@ -150,9 +149,7 @@ async def clear_password(server_id: str, request: Request) -> Response:
     cloud = cloud_of(request)
     doc = load_server(cloud, ctx, server_id)
     if doc.body.get("password"):
-        body = dict(doc.body)
-        body["password"] = ""
-        cloud.objects.update("instance", server_id, body)
+        write_instance(cloud, server_id, doc.body, {**doc.body, "password": ""})
     return Response(status_code=204)
 
 

@@ -12,6 +12,7 @@ from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.server_views import check_metadata
 from stowage.api.compute.servers import load_server
 from stowage.services import compute_catalog as catalog
+from stowage.services.instances import write_instance
 
 __all__ = ["check_metadata_quota", "router"]
 
@@ -44,7 +45,7 @@ def _writer(request: Request, server_id: str) -> tuple[Context, dict[str, Any]]:
 
 def _save(request: Request, ctx: Context, server_id: str, body: dict[str, Any]) -> None:
     check_metadata_quota(request, ctx.project_id, body["metadata"])
-    cloud_of(request).objects.update("instance", server_id, body)
+    write_instance(cloud_of(request), server_id, {}, {"metadata": body["metadata"]})
 
 
 def _metadata(request: Request, server_id: str) -> dict[str, str]:

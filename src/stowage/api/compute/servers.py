@@ -58,6 +58,7 @@ from stowage.services.compute import (
 )
 from stowage.services.compute_catalog import visible_flavor
 from stowage.services.images import properties_of
+from stowage.services.instances import write_instance
 from stowage.services.migrations import confirm_resize, move, revert_resize
 
 router = APIRouter()
@@ -500,7 +501,8 @@ async def update_server(request: Request, server_id: str) -> JSONResponse:
         body["name"] = name
     if "description" in server:
         body["description"] = server["description"]
-    updated = cloud.objects.update("instance", server_id, body, name=body["name"])
+    write_instance(cloud, server_id, doc.body, body, name=body["name"])
+    updated = cloud.objects.get("instance", server_id)
     view = action_view(server_view(request, ctx, updated), mv(request), rebuild=False)
     return JSONResponse({"server": view})
 
@@ -579,7 +581,7 @@ async def server_action(request: Request, server_id: str) -> Response:
         reason = (args or {}).get("locked_reason") if isinstance(args, dict) else None
         body["locked_reason"] = reason if action == "lock" else None
         body["locked_by"] = locked_by(ctx, doc.body) if action == "lock" else None
-        cloud.objects.update("instance", server_id, body)
+        write_instance(cloud, server_id, doc.body, body)
         record_action(cloud, server_id, action, ctx.user_id, ctx.project_id, rid)
         return Response(status_code=202)
     if action == "os-resetState":
@@ -593,7 +595,7 @@ async def server_action(request: Request, server_id: str) -> Response:
         body["status"] = state.upper()
         body["vm_state"] = state
         body["task_state"] = None
-        cloud.objects.update("instance", server_id, body)
+        write_instance(cloud, server_id, doc.body, body)
         record_action(cloud, server_id, "resetState", ctx.user_id, ctx.project_id, rid)
         return Response(status_code=202)
     if action in _MOVES:
