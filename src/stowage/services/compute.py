@@ -574,11 +574,13 @@ def _delete_once(cloud: Cloud, instance_id: str) -> bool:
         if host and host not in {m.dest for m in moves}:
             ops.enqueue("cleanup", instance_id, host, step="destroy", conn=conn)
 
+    # Ports first: a crash between the two leaves a server to delete again, never a port
+    # of a server that is gone.
+    networks.release_ports(cloud, instance_id)
     try:
         cloud.ledger.release(instance_id, also=gone)
     except _Changed:
         return False
-    networks.release_ports(cloud, instance_id)
     return True
 
 

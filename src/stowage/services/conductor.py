@@ -433,10 +433,11 @@ class Conductor:
             def write(conn: Connection) -> None:
                 cloud.objects.update_in(conn, "instance", op.instance_id, body)
                 self.ops.advance(conn, op.id, state="failed", result=reply)
+                # What the failed spawn left on the host goes in the same commit.
+                self.ops.enqueue("cleanup", op.instance_id, op.host, step="destroy", conn=conn)
 
             cloud.ledger.release(op.instance_id, forget=False, also=write)
             networks.release_ports(cloud, op.instance_id)
-            self.ops.enqueue("cleanup", op.instance_id, op.host, step="destroy")
         else:
             with cloud.ledger.engine.begin() as conn:
                 cloud.objects.update_in(conn, "instance", op.instance_id, body)
@@ -459,8 +460,10 @@ class Conductor:
                 cloud.objects.delete_in(conn, "instance", op.instance_id)
                 self.ops.advance(conn, op.id, state="done", result=reply)
 
-            cloud.ledger.release(op.instance_id, also=gone)
+            # Ports first: a crash between the two leaves the delete to be driven again
+            # (the ports are gone, the rest is repeatable), never a port of no server.
             networks.release_ports(cloud, op.instance_id)
+            cloud.ledger.release(op.instance_id, also=gone)
         elif op.kind == "rebuild":
             self.ops.update(op.id, step="spawn")
         elif op.migration_id is not None:
