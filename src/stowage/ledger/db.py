@@ -36,7 +36,9 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 60.0})
+        # A connection for every thread that may wait for the writer lock at once (the API's
+        # thread pool and the conductor's): a thread holding the lock never waits for one.
+        engine = create_engine(url, connect_args={"timeout": 60.0}, pool_size=16, max_overflow=112)
         _tune_sqlite(engine)
         return engine
     return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)

@@ -287,16 +287,24 @@ def schedule_builds(cloud: Cloud, ops: Sequence[Operation]) -> None:
     spawn), and only while the instance still waits to be scheduled: a deleted one refuses
     its claim. Safe to repeat after a crash: instances already placed are skipped.
     """
+    # Read before any write transaction opens: a read inside one would take a second
+    # connection while holding the first (a pool of them can deadlock that way).
     names = _host_names(cloud)
+    request_ids = {
+        instance_id: str(op.payload.get("request_id") or "")
+        for op in ops
+        for instance_id in op.payload.get("instances") or [op.instance_id]
+    }
     free: list[tuple[Operation, list[Request]]] = []
     for op in ops:
         requests = _waiting_requests(cloud, op)
         if int(op.payload.get("min_count", 1)) > 1:
-            _place(cloud, op, requests, names, min_count=int(op.payload["min_count"]))
+            count = int(op.payload["min_count"])
+            _place(cloud, op, requests, names, request_ids, min_count=count)
         else:
             free.append((op, requests))
     # Requests of several creates (min_count 1) share one plan and one claim commit.
-    _place(cloud, None, [r for _, rs in free for r in rs], names, min_count=None)
+    _place(cloud, None, [r for _, rs in free for r in rs], names, request_ids, min_count=None)
     for op, _ in free:
         _finish_schedule(cloud, op)
 
@@ -337,6 +345,7 @@ def _place(
     op: Operation | None,
     requests: list[Request],
     names: Mapping[int, str],
+    request_ids: Mapping[str, str],
     *,
     min_count: int | None,
 ) -> None:
@@ -351,7 +360,7 @@ def _place(
         if doc is None or doc.body.get("task_state") != "scheduling":
             raise ClaimRefused(f"instance {claim.instance_id} no longer waits to be scheduled")
         body = dict(doc.body)
-        host = names.get(claim.host_id) or _host_names(cloud)[claim.host_id]
+        host = names.get(claim.host_id) or _host_name_in(conn, claim.host_id)
         body["host"] = host
         wants_ports = isinstance(body.get("networks"), list) and bool(body["networks"])
         body["task_state"] = "networking" if wants_ports else "spawning"
@@ -362,7 +371,7 @@ def _place(
             claim.instance_id,
             host,
             step="ports" if wants_ports else "spawn",
-            payload={"request_id": _request_id(cloud, claim.instance_id)},
+            payload={"request_id": request_ids.get(claim.instance_id, "")},
             conn=conn,
         )
 
@@ -373,6 +382,7 @@ def _place(
             _build_failed(
                 cloud,
                 placement.request.instance_id,
+                request_ids.get(placement.request.instance_id, ""),
                 placement.reason or "No valid host was found.",
                 placement.code.value if placement.code else "",
             )
@@ -380,14 +390,13 @@ def _place(
         _finish_schedule(cloud, op)
 
 
-def _request_id(cloud: Cloud, instance_id: str) -> str:
-    for doc in cloud.objects.list("instance_action", project_id=instance_id):
-        if doc.name == "create":
-            return str(doc.body.get("request_id") or "")
-    return ""
+def _host_name_in(conn: Connection, host_id: int) -> str:
+    return str(conn.execute(select(hosts.c.name).where(hosts.c.id == host_id)).scalar_one())
 
 
-def _build_failed(cloud: Cloud, instance_id: str, message: str, details: str) -> None:
+def _build_failed(
+    cloud: Cloud, instance_id: str, request_id: str, message: str, details: str
+) -> None:
     """An instance that found no place: ERROR with a fault, holding nothing (one commit)."""
     with cloud.ledger.engine.begin() as conn:
         doc = cloud.objects.find_in(conn, "instance", instance_id)
@@ -402,9 +411,7 @@ def _build_failed(cloud: Cloud, instance_id: str, message: str, details: str) ->
             "details": details,
         }
         cloud.objects.swap_in(conn, "instance", instance_id, doc.body, body)
-        action = cloud.objects.find_in(
-            conn, "instance_action", f"{_request_id(cloud, instance_id)}:{instance_id}"
-        )
+        action = cloud.objects.find_in(conn, "instance_action", f"{request_id}:{instance_id}")
         if action is not None:
             record = dict(action.body)
             record["message"] = message
@@ -614,7 +621,7 @@ def _fail_unclaimed_move(cloud: Cloud, migration_id: str) -> None:
     """A move of a deleted instance that holds no destination is over at once."""
 
     def write(conn: Connection) -> None:
-        doc = cloud.objects.find("migration", migration_id)
+        doc = cloud.objects.find_in(conn, "migration", migration_id)
         if doc is not None:
             record = {**doc.body, "status": "failed", "reason": "the instance was deleted"}
             cloud.objects.update_in(conn, "migration", migration_id, record)
@@ -626,7 +633,7 @@ def _end_move_on_delete(cloud: Cloud, conn: Connection, instance_id: str, move: 
     """A deleted instance's move ends with it: its destination is cleaned up first, and the
     conductor releases the destination's claims once the guest is gone there, in the commit
     that says `failed`."""
-    doc = cloud.objects.find("migration", move.migration_id)
+    doc = cloud.objects.find_in(conn, "migration", move.migration_id)
     if doc is None:
         return
     record = dict(doc.body)

@@ -471,7 +471,7 @@ class Conductor:
             migration_id = op.migration_id
 
             def ended(conn: Connection) -> None:
-                doc = cloud.objects.find("migration", migration_id)
+                doc = cloud.objects.find_in(conn, "migration", migration_id)
                 if doc is not None:
                     record = {**doc.body, "status": "failed"}
                     cloud.objects.update_in(conn, "migration", migration_id, record)

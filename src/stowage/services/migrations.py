@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,14 +103,14 @@ def _start(
     dest: str | None,
     new_flavor: dict[str, Any] | None,
     request_id: str,
-    number: int,
-    conn: Connection,
     target_state: str | None = None,
-) -> tuple[str, str]:
-    """Check the source, then inside `conn`: mark the instance moving (compare-and-swap: one
-    request wins), record the migration and its instance action, and hand the move to the
-    conductor (an operation at its `schedule` step). Returns the migration's id and status.
-    Claims nothing: the conductor plans the destination (schedule_moves)."""
+) -> tuple[str, str, Callable[[Connection], None]]:
+    """Check the source and plan the move; returns the migration's id, its status, and the
+    writes that start it, for the caller's transaction: mark the instance moving
+    (compare-and-swap: one request wins), record the migration and its instance action, and
+    hand the move to the conductor (an operation at its `schedule` step). Claims nothing:
+    the conductor plans the destination (schedule_moves). Every read happens here, before
+    the transaction opens: none takes a second connection while the first holds a lock."""
     doc = cloud.objects.get("instance", instance_id)
     body = dict(doc.body)
     source = body.get("host")
@@ -120,13 +120,10 @@ def _start(
     if migration_type == "evacuation" and source_up:
         raise ConflictError(f"Compute service of {source} is still in use.")
     pending = cloud.operations.active(instance_id=instance_id)
+    stale = []
     if migration_type == "evacuation" and not source_up:
         # What waits for the dead source is superseded: the evacuation cleans it up there.
         stale = [op for op in pending if op.host == source and op.kind in _SUPERSEDED]
-        for op in stale:
-            cloud.operations.advance(
-                conn, op.id, state="failed", result={"error": "superseded by evacuation"}
-            )
         pending = [op for op in pending if op not in stale]
         if stale:
             body["task_state"] = None
@@ -161,7 +158,7 @@ def _start(
     migration_id = str(uuid.uuid4())
     status = _FIRST_STATUS[migration_type]
     record = {
-        "number": number,
+        "number": _number(cloud),  # its own commit: a crash after it only leaves a gap
         "instance_uuid": instance_id,
         "migration_type": migration_type,
         "status": status,
@@ -180,21 +177,28 @@ def _start(
     }
     moving_status, task = _MOVING[migration_type]
     body.update(status=moving_status, task_state=task)
-    take_instance(cloud, conn, instance_id, doc.body, body, migration_type)
-    cloud.objects.create_in(conn, "migration", migration_id, record, project_id=project_id)
-    record_action(
-        cloud, instance_id, _ACTION[migration_type], user_id, project_id, request_id, conn=conn
-    )
-    cloud.operations.enqueue(
-        migration_type,
-        instance_id,
-        "",
-        step="schedule",
-        payload={"request_id": request_id},
-        migration_id=migration_id,
-        conn=conn,
-    )
-    return migration_id, status
+
+    def write(conn: Connection) -> None:
+        for op in stale:
+            cloud.operations.advance(
+                conn, op.id, state="failed", result={"error": "superseded by evacuation"}
+            )
+        take_instance(cloud, conn, instance_id, doc.body, body, migration_type)
+        cloud.objects.create_in(conn, "migration", migration_id, record, project_id=project_id)
+        record_action(
+            cloud, instance_id, _ACTION[migration_type], user_id, project_id, request_id, conn=conn
+        )
+        cloud.operations.enqueue(
+            migration_type,
+            instance_id,
+            "",
+            step="schedule",
+            payload={"request_id": request_id},
+            migration_id=migration_id,
+            conn=conn,
+        )
+
+    return migration_id, status, write
 
 
 ENDED = frozenset({"completed", "confirmed", "reverted", "failed", "cancelled", "done"})
@@ -256,7 +260,7 @@ def schedule_moves(cloud: Cloud, ops: Sequence[Operation]) -> None:
             continue
         by_migration[op.migration_id] = op
         requests.append(request)
-    names: dict[int, str] = {}
+    names = {row.id: row.name for row in _hosts_table(cloud)}  # read before the commit opens
 
     def placed(conn: Connection, claim: Any) -> None:
         op = by_migration[claim.consumer_id]
@@ -265,7 +269,9 @@ def schedule_moves(cloud: Cloud, ops: Sequence[Operation]) -> None:
         if current is None or current.finished or current.step != "schedule" or doc is None:
             raise ClaimRefused(f"migration {claim.consumer_id} no longer waits for a destination")
         record = dict(doc.body)
-        dest = names.get(claim.host_id) or _name_of(cloud, claim.host_id)
+        dest = names.get(claim.host_id) or str(
+            conn.execute(select(hosts.c.name).where(hosts.c.id == claim.host_id)).scalar_one()
+        )
         status = "preparing" if record["migration_type"] == "live-migration" else "pre-migrating"
         record.update(status=status, dest_compute=dest, dest_host=dest)
         if not cloud.objects.swap_in(conn, "migration", claim.consumer_id, doc.body, record):
@@ -295,21 +301,19 @@ def move(
     """Start a move as one unit of work (the instance marked moving, the migration record,
     its action and the conductor's operation commit together); the conductor plans the
     destination and drives the move to its end."""
-    number = _number(cloud)  # its own commit: a crash after it only leaves a gap
+    migration_id, status, write = _start(
+        cloud,
+        instance_id,
+        migration_type,
+        user_id=user_id,
+        project_id=project_id,
+        dest=dest,
+        new_flavor=new_flavor,
+        request_id=request_id,
+        target_state=target_state,
+    )
     with cloud.ledger.engine.begin() as conn:
-        migration_id, status = _start(
-            cloud,
-            instance_id,
-            migration_type,
-            user_id=user_id,
-            project_id=project_id,
-            dest=dest,
-            new_flavor=new_flavor,
-            request_id=request_id,
-            number=number,
-            conn=conn,
-            target_state=target_state,
-        )
+        write(conn)
     cloud.kick()
     return MoveResult(migration_id, status, dest)
 
@@ -326,24 +330,29 @@ def evacuate_host(
         raise ConflictError(f"Compute service of {host} is still in use.")
     instances = [d.id for d in cloud.objects.list("instance") if d.body.get("host") == host]
     out: dict[str, MoveResult] = {}
-    numbers = {instance_id: _number(cloud) for instance_id in instances}
+    starts: list[tuple[str, str, str, Callable[[Connection], None]]] = []
+    for instance_id in instances:
+        try:
+            migration_id, status, write = _start(
+                cloud,
+                instance_id,
+                "evacuation",
+                user_id=user_id,
+                project_id=project_id,
+                dest=None,
+                new_flavor=None,
+                request_id=request_id or f"req-{uuid.uuid4()}",
+            )
+        except StowageError as exc:
+            out[instance_id] = MoveResult("", "refused", None, str(exc))
+        else:
+            starts.append((instance_id, migration_id, status, write))
     # One transaction: the conductor leases the evacuations together and plans them as one.
     with cloud.ledger.engine.begin() as conn:
-        for instance_id in instances:
+        for instance_id, migration_id, status, write in starts:
             try:
                 with conn.begin_nested():
-                    migration_id, status = _start(
-                        cloud,
-                        instance_id,
-                        "evacuation",
-                        user_id=user_id,
-                        project_id=project_id,
-                        dest=None,
-                        new_flavor=None,
-                        request_id=request_id or f"req-{uuid.uuid4()}",
-                        number=numbers[instance_id],
-                        conn=conn,
-                    )
+                    write(conn)
             except StowageError as exc:
                 out[instance_id] = MoveResult("", "refused", None, str(exc))
             else:
@@ -391,6 +400,11 @@ def planned(cloud: Cloud, result: MoveResult, timeout_s: float) -> MoveResult:
         if record.get("dest_compute") or record["status"] in ENDED or time.monotonic() > deadline:
             return now
         time.sleep(0.01)
+
+
+def _hosts_table(cloud: Cloud) -> list[Any]:
+    with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
+        return list(conn.execute(select(hosts.c.id, hosts.c.name)))
 
 
 def _name_of(cloud: Cloud, host_id: int) -> str:

@@ -20,7 +20,7 @@ from sqlalchemy import Connection, func, select, text
 from stowage.domain.errors import QuotaExceeded
 from stowage.ledger.schema import objects, server_groups
 from stowage.services.cloud import Cloud
-from stowage.services.compute_catalog import quota_limits
+from stowage.services.compute_catalog import DEFAULT_QUOTAS, quota_key
 
 __all__ = ["InstanceUsage", "lock_project", "reserve_instances", "reserve_server_group"]
 
@@ -40,6 +40,24 @@ def lock_project(conn: Connection, project_id: str) -> None:
             text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
             {"key": f"stowage-quota:{project_id}"},
         )
+
+
+def quota_limits_in(
+    conn: Connection, project_id: str, user_id: str | None = None
+) -> dict[str, int]:
+    """The project's limits (defaults, class, project and user overrides: as
+    compute_catalog.quota_limits), read inside `conn`'s transaction: no second connection."""
+    limits = dict(DEFAULT_QUOTAS)
+    keys = [("quota_class", "default"), ("quota", quota_key(project_id))]
+    if user_id:
+        keys.append(("quota", quota_key(project_id, user_id)))
+    for kind, key in keys:
+        raw = conn.execute(
+            select(objects.c.body).where(objects.c.kind == kind, objects.c.id == key)
+        ).scalar()
+        if raw is not None:
+            limits.update({k: int(v) for k, v in json.loads(raw).items() if k in DEFAULT_QUOTAS})
+    return limits
 
 
 def count_instances(conn: Connection, project_id: str, group_id: str | None) -> InstanceUsage:
@@ -79,7 +97,7 @@ def reserve_instances(
     caller creates that many instance documents in `conn` before it commits.
     """
     lock_project(conn, project_id)
-    limits = quota_limits(cloud, project_id, user_id)
+    limits = quota_limits_in(conn, project_id, user_id)
     used = count_instances(conn, project_id, group_id)
     each = {
         "instances": 1,
@@ -127,7 +145,7 @@ def reserve_instances(
 def reserve_server_group(cloud: Cloud, conn: Connection, project_id: str) -> None:
     """Refuse a new server group past the project's `server_groups` quota (inside `conn`)."""
     lock_project(conn, project_id)
-    limit = quota_limits(cloud, project_id).get("server_groups", -1)
+    limit = quota_limits_in(conn, project_id).get("server_groups", -1)
     if limit < 0:
         return
     used = int(
