@@ -369,7 +369,10 @@ def _seed_compute(h: Harness, ids: dict[str, list[str]]) -> None:
             "imageRef": ids["cirros"][0],
             "networks": "none",
         }
-        servers.append(h.call("POST", f"{base}/servers", {"server": server}, token=token))
+        at_237 = {"OpenStack-API-Version": "compute 2.37"}  # "none" is 2.37's
+        servers.append(
+            h.call("POST", f"{base}/servers", {"server": server}, token=token, headers=at_237)
+        )
     server_ids = [s["server"]["id"] for s in servers]
     new = {"OpenStack-API-Version": "compute 2.53"}
     services = h.call("GET", f"{base}/os-services")["services"]

@@ -17,6 +17,7 @@ import pytest
 from tests.api.cloudproc import IMAGE, RunningCloud, start_cloud, stop_cloud
 
 from stowage.api.compute.server_fields import (
+    ACTION_FIELDS,
     CREATE_FIELDS,
     REBUILD_FIELDS,
     UPDATE_FIELDS,
@@ -698,6 +699,52 @@ def test_every_update_and_rebuild_field_is_honoured_or_refused(cloud: RunningClo
     assert shown["OS-EXT-SRV-ATTR:user_data"] == "aGk="
     assert shown["OS-EXT-SRV-ATTR:hostname"] == "rebuilt-host"
     delete(cloud, server["id"])
+
+
+def test_every_action_argument_is_honoured_or_refused(cloud: RunningCloud) -> None:
+    server = boot(cloud)
+    path = f"/servers/{server['id']}/action"
+    for action in ACTION_FIELDS:
+        response = cloud.compute("POST", path, json={action: {"no_such_argument": 1}})
+        refused_naming(response, "no_such_argument")
+    for version, body, field in (
+        ("2.72", {"lock": {"locked_reason": "early"}}, "locked_reason"),
+        ("2.14", {"evacuate": {"onSharedStorage": False}}, "onSharedStorage"),
+        (
+            "2.68",
+            {"os-migrateLive": {"host": None, "block_migration": "auto", "force": True}},
+            "force",
+        ),
+        ("2.55", {"migrate": {"host": "host2"}}, "host"),
+        ("2.96", {"reboot": {"type": "MEDIUM"}}, "type"),
+    ):
+        refused_naming(cloud.compute("POST", path, version=version, json=body), field)
+    locked = cloud.compute("POST", path, version="2.73", json={"lock": {"locked_reason": "why"}})
+    assert locked.status_code == 202, locked.text
+    assert (
+        cloud.compute("GET", f"/servers/{server['id']}").json()["server"]["locked_reason"] == "why"
+    )
+    cloud.compute("POST", path, json={"unlock": None})
+    # A backup's metadata lands on its image (it was dropped).
+    backup = cloud.compute(
+        "POST",
+        path,
+        json={
+            "createBackup": {
+                "name": unique("bk"),
+                "backup_type": "daily",
+                "rotation": 1,
+                "metadata": {"purpose": "audit"},
+            }
+        },
+    )
+    assert backup.status_code == 202, backup.text
+    image = backup.json()["image_id"]
+    shown = cloud.compute("GET", f"/images/{image}", version="2.35").json()["image"]
+    assert shown["metadata"]["purpose"] == "audit", shown
+    wait_status(cloud, server["id"], {"ACTIVE"})
+    delete(cloud, server["id"])
+    cloud.osc("image", "delete", image)
 
 
 # -- evacuation at 2.95 (its own cloud: a host goes down) --------------------------------------

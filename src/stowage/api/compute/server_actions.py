@@ -103,7 +103,13 @@ async def _backup(request: Request, ctx: Context, doc: Document, args: dict[str,
         raise ApiError(400, "Invalid input for field/attribute rotation: an integer") from None
     if keep < 0:
         raise ApiError(400, "Invalid input for field/attribute rotation: at least 0")
-    metadata = {"image_type": "backup", "backup_type": kind}
+    given = args.get("metadata") or {}
+    if not isinstance(given, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and len(k) <= 255 and len(v) <= 255
+        for k, v in given.items()
+    ):
+        raise ApiError(400, "Invalid input for field/attribute metadata: an object of strings")
+    metadata = {**given, "image_type": "backup", "backup_type": kind}
     rid = request.state.request_id
     image_id = await asyncio.to_thread(snapshot_server, cloud, ctx, doc.id, name, metadata, rid)
     record_action(cloud, doc.id, "createBackup", ctx.user_id, ctx.project_id, rid)

@@ -21,6 +21,7 @@ __all__ = [
     "UPDATE_FIELDS",
     "allowed_fields",
     "apply_common_fields",
+    "check_action_args",
     "check_block_devices",
     "check_group",
     "check_hostname",
@@ -438,3 +439,55 @@ def pinned_host(
     ):
         raise ApiError(400, f"Compute host {wanted} could not be found.")
     return wanted
+
+
+# The arguments each action's schema allows (Nova's additionalProperties: false), per version.
+ACTION_FIELDS: dict[str, dict[str, tuple[Version, Version | None]]] = {
+    "reboot": {"type": ((2, 1), None)},
+    "resize": {"flavorRef": ((2, 1), None), "OS-DCF:diskConfig": ((2, 1), None)},
+    "evacuate": {
+        "host": ((2, 1), None),
+        "adminPass": ((2, 1), None),
+        "onSharedStorage": ((2, 1), (2, 13)),
+        "force": ((2, 29), (2, 67)),
+    },
+    "os-migrateLive": {
+        "host": ((2, 1), None),
+        "block_migration": ((2, 1), None),
+        "disk_over_commit": ((2, 1), (2, 24)),
+        "force": ((2, 30), (2, 67)),
+    },
+    "migrate": {"host": ((2, 56), None)},
+    "createImage": {"name": ((2, 1), None), "metadata": ((2, 1), None)},
+    "createBackup": {
+        "name": ((2, 1), None),
+        "backup_type": ((2, 1), None),
+        "rotation": ((2, 1), None),
+        "metadata": ((2, 1), None),
+    },
+    "lock": {"locked_reason": ((2, 73), None)},
+    "os-resetState": {"state": ((2, 1), None)},
+    "addSecurityGroup": {"name": ((2, 1), None)},
+    "removeSecurityGroup": {"name": ((2, 1), None)},
+}
+
+
+def check_action_args(action: str, args: Any, version: Version) -> None:
+    """An action's arguments that its schema does not have at `version` are a 400 (Nova's),
+    never read past; a `reboot` type is SOFT or HARD."""
+    fields = ACTION_FIELDS.get(action)
+    if fields is None or not isinstance(args, dict):
+        return
+    unknown = sorted(set(args) - allowed_fields(fields, version))
+    if unknown:
+        raise ApiError(
+            400,
+            f"Invalid input for field/attribute {action}. Value: Additional properties are "
+            f"not allowed ({unknown[0]!r} was unexpected)",
+        )
+    if action == "reboot" and args.get("type") not in ("SOFT", "HARD", "soft", "hard"):
+        raise ApiError(
+            400,
+            f"Invalid input for field/attribute type. Value: {args.get('type')}. "
+            "'SOFT' or 'HARD' is required",
+        )

@@ -21,6 +21,7 @@ from stowage.api.compute.server_fields import (
     REBUILD_FIELDS,
     UPDATE_FIELDS,
     apply_common_fields,
+    check_action_args,
     check_group,
     check_lock,
     check_nics,
@@ -554,6 +555,7 @@ async def server_action(request: Request, server_id: str) -> Response:
     action, args = next(iter(payload.items()))
     if action in _ADMIN_ACTIONS and not ctx.is_admin:
         raise ApiError(403, f"Policy doesn't allow os_compute_api:{action} to be performed.")
+    check_action_args(action, args, mv(request))
     if not ctx.can_write:
         raise ApiError(403, f"Policy doesn't allow os_compute_api:{action} to be performed.")
     rid = request.state.request_id
