@@ -58,6 +58,9 @@ class CloudConfig:
     resize_confirm_window_s: float = 0.0  # 0: resizes wait for an explicit confirm
     sim_step_s: float = 0.0  # latency of every simulated hypervisor step
     max_concurrent_disk_ops: int = 2  # per agent, like Nova's option of the same name
+    driver: str = "sim"  # the all-in-one cloud's hypervisors: sim, or libvirt (real QEMU)
+    virt_type: str | None = None  # libvirt's domain type: kvm, qemu, or None (detected)
+    libvirt_uris: dict[str, str] = field(default_factory=dict)  # host name -> libvirt URI
 
     @property
     def base_url(self) -> str:
