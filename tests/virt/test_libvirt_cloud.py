@@ -1,5 +1,5 @@
-"""End to end on `stowage up --driver libvirt --hosts 2`: real QEMU guests through the real
-openstack CLI, two libvirt daemons on this machine, a live migration between them.
+"""End to end on `stowage up --driver libvirt --hosts 3`: real QEMU guests through the real
+openstack CLI, three libvirt daemons on this machine, live migrations between them.
 
 Never skipped in CI (CI=true): a missing QEMU, libvirt or guest package is a failure.
 """
@@ -11,6 +11,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from tests.api.cloudproc import RunningCloud, start_cloud, stop_cloud
 from stowage.virt import guest_image
 
 BOOT_TIMEOUT_S = 120.0
+HOSTS = ("host1", "host2", "host3")
 
 
 def _require_real_qemu() -> None:
@@ -45,7 +47,7 @@ def _wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = BOOT_
 def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCloud]:
     _require_real_qemu()
     state = tmp_path_factory.mktemp("libvirt-cloud") / "state"
-    running = start_cloud(state, "--driver", "libvirt", "--hosts", "2", "--virt-type", "qemu")
+    running = start_cloud(state, "--driver", "libvirt", "--hosts", "3", "--virt-type", "qemu")
     try:
         yield running
     finally:
@@ -112,10 +114,13 @@ def _server(cloud: RunningCloud, name: str) -> dict[str, str]:
 def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Path) -> None:
     # The guest disk, built from Debian packages by the repo's script, uploaded as an image.
     script = Path(__file__).parents[2] / "scripts" / "make-guest-image.sh"
-    disk = tmp_path / "guest.raw"
-    subprocess.run(["bash", str(script), str(disk)], check=True, capture_output=True)
+    disk = tmp_path / "guest.qcow2"
+    made = subprocess.run(
+        ["bash", str(script), str(disk), "--format", "qcow2"], capture_output=True, check=False
+    )
+    assert made.returncode == 0, made.stderr
     cloud.osc(
-        "image", "create", "--disk-format", "raw", "--container-format", "bare",
+        "image", "create", "--disk-format", "qcow2", "--container-format", "bare",
         "--file", str(disk), "--public", "guest",
     )  # fmt: skip
     hypervisors = cloud.osc_json("hypervisor", "list", "--long")
@@ -162,14 +167,24 @@ def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Pa
     migrations = cloud.osc_json("server", "migration", "list", "--server", "pinned")
     assert [m["Status"] for m in migrations] == ["completed"]
 
-    # A snapshot is an image of the disk in the right format, and boots.
+    # A snapshot is an image of the disk, flattened, in the base's format (qcow2 data
+    # labelled qcow2), and it boots.
     cloud.osc("server", "image", "create", "--name", "snap", "--wait", "shared")
     snap = cloud.osc_json("image", "show", "snap")
-    assert (snap["status"], snap["disk_format"]) == ("active", "raw")
-    root_gb = int(cloud.osc_json("flavor", "show", "m1.micro")["disk"])
-    assert snap["size"] == max(disk.stat().st_size, root_gb * 1024**3)  # the root disk
+    assert (snap["status"], snap["disk_format"]) == ("active", "qcow2")
+    saved = tmp_path / "snap.qcow2"
+    cloud.osc("image", "save", "--file", str(saved), "snap")
+    assert saved.read_bytes()[:4] == b"QFI\xfb"
+    info = subprocess.run(
+        ["qemu-img", "info", "--output=json", str(saved)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert '"backing-filename"' not in info  # standalone, not an overlay
     boot("from-snap", "m1.micro", image="snap")
     _boot_id(cloud, "from-snap")
+    cloud.osc("server", "delete", "--wait", "from-snap")
 
     # Stop, start, reboot: the guest really stops, and boots again.
     first = _boot_id(cloud, "shared")
@@ -188,10 +203,73 @@ def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Pa
     _wait_for(lambda: _server(cloud, "pinned")["status"] == "SHUTOFF", "power sync of pinned", 40)
 
     # Delete leaves no domain and no disk anywhere.
-    for name in ("pinned", "shared", "from-snap"):
+    for name in ("pinned", "shared"):
         cloud.osc("server", "delete", "--wait", name)
-    for host in ("host1", "host2"):
+    for host in HOSTS:
         assert "instance-" not in _virsh(cloud, host, "list", "--all")
         disks = cloud.state_dir / "libvirt" / host / "disks"
         assert not [p.name for p in disks.glob("*") if p.is_file()]
         assert not list((disks / "console").glob("*"))
+
+
+def test_two_pinned_guests_migrated_at_once_to_room_for_one(cloud: RunningCloud) -> None:
+    """Seed 002 on a real hypervisor: each host has one dedicated CPU; two pinned guests are
+    live-migrated at the same moment while only one host has room. One moves, onto that
+    host's CPU; the other stays where it runs; no pCPU is ever pinned twice."""
+    names = ("seed-a", "seed-b")
+    for name in names:
+        cloud.osc(
+            "server", "create", "--flavor", "m1.pinned", "--image", "stowage-guest",
+            "--nic", "none", "--wait", name,
+        )  # fmt: skip
+    before = {name: _server(cloud, name) for name in names}
+    assert before["seed-a"]["host"] != before["seed-b"]["host"]
+    (free,) = set(HOSTS) - {s["host"] for s in before.values()}
+    counts = {name: _uptime(_console(cloud, name)) for name in names}
+    for name in names:
+        _boot_id(cloud, name)
+
+    moves = [
+        subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "openstack"),
+                "server",
+                "migrate",
+                "--live-migration",
+                "--wait",
+                name,
+            ],
+            env=cloud.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name in names
+    ]
+    for move in moves:
+        move.wait(timeout=300)
+
+    def settled() -> bool:
+        shown = [cloud.osc_json("server", "show", n) for n in names]
+        return all(s["status"] == "ACTIVE" and not s["OS-EXT-STS:task_state"] for s in shown)
+
+    _wait_for(settled, "both servers to settle")
+    after = {name: _server(cloud, name) for name in names}
+    moved = [n for n in names if after[n]["host"] != before[n]["host"]]
+    assert len(moved) == 1, after
+    assert after[moved[0]]["host"] == free
+    for host in HOSTS:
+        pinned_here: list[str] = []
+        for name in names:
+            if after[name]["host"] == host:
+                server_id = after[name]["id"]
+                pins = _vcpupin(cloud, host, server_id)
+                assert pins == {0: str(_ledger_pins(cloud, server_id)[0])}
+                pinned_here += pins.values()
+        assert len(pinned_here) == len(set(pinned_here)), (host, pinned_here)
+    for name in names:  # both guests still run, the moved one and the one that stayed
+        _wait_for(_counting(cloud, name, counts[name]), f"{name} running")
+        cloud.osc("server", "delete", "--wait", name)
+
+
+def _counting(cloud: RunningCloud, name: str, past: int) -> Callable[[], bool]:
+    return lambda: _uptime(_console(cloud, name)) > past
