@@ -232,6 +232,18 @@ def up(
     bootstrap_password: BootstrapPassword = "stowage-admin",
     lease_seconds: LeaseSeconds = 60.0,
     running_deleted_instance_action: ReapAction = "reap",
+    driver: Annotated[
+        str,
+        typer.Option(
+            "--driver", help="sim, or libvirt: each host a private libvirt daemon (real QEMU)."
+        ),
+    ] = "sim",
+    virt_type: Annotated[
+        str | None,
+        typer.Option(
+            "--virt-type", help="libvirt: kvm or qemu (TCG); default: kvm if a KVM guest runs."
+        ),
+    ] = None,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import os
@@ -281,7 +293,21 @@ def up(
         except InvalidSpec as exc:
             err.print(f"[red]Bad topology[/red]: {exc}")
             raise typer.Exit(2) from None
+    libvirt_hosts = None
+    if driver == "libvirt":
+        libvirt_hosts = _start_libvirt_hosts(config, virt_type)
+    elif driver != "sim":
+        err.print(f"[red]Unknown driver {driver!r}[/red]: sim or libvirt")
+        raise typer.Exit(2)
     cloud = open_cloud(config, db_url=db)
+    if libvirt_hosts is not None:
+        from stowage.agent.local import register_guest_image
+
+        image_id = register_guest_image(cloud)
+        console.print(
+            f"libvirt hosts {', '.join(libvirt_hosts.uris)} ({libvirt_hosts.virt_type}); "
+            f"guest image stowage-guest = {image_id}"
+        )
     clouds = write_clouds_yaml(config)
     console.print(f"Stowage is up at {config.base_url} (state in {config.state_dir}).")
     console.print(
@@ -290,7 +316,11 @@ def up(
         soft_wrap=True,
     )
     server = _Server(uvicorn.Config(create_app(cloud), host=host, port=port, log_level="warning"))
-    server.run()
+    try:
+        server.run()
+    finally:
+        if libvirt_hosts is not None:
+            libvirt_hosts.stop()
     cloud.ledger.close()
     console.print("Stowage stopped.")
 
@@ -323,6 +353,27 @@ ReapAction = Annotated[
         "elsewhere): reap (destroy it), log, or noop; as Nova's option of that name.",
     ),
 ]
+
+
+def _start_libvirt_hosts(config: Any, virt_type: str | None) -> Any:
+    """`stowage up --driver libvirt`: a private libvirt daemon per host, topology from it."""
+    from stowage.virt.driver import DriverError
+    from stowage.virt.hosts import start_libvirt_hosts
+
+    if virt_type not in (None, "kvm", "qemu"):
+        err.print(f"[red]Unknown virt type {virt_type!r}[/red]: kvm or qemu")
+        raise typer.Exit(2)
+    try:
+        hosts = start_libvirt_hosts(config.state_dir, config.hosts, virt_type=virt_type)
+    except (DriverError, ImportError) as exc:
+        err.print(f"[red]Cannot start libvirt hosts[/red]: {exc}")
+        raise typer.Exit(1) from None
+    config.driver = "libvirt"
+    config.virt_type = hosts.virt_type
+    config.topology = hosts.specs
+    config.libvirt_uris = dict(hosts.uris)
+    return hosts
+
 
 BusUrl = Annotated[
     str, typer.Option("--bus", help="RabbitMQ URL of the bus between services and agents.")
@@ -436,6 +487,18 @@ def agent_process(
         int, typer.Option("--max-concurrent-disk-ops", min=1, help="Disk-heavy work at once.")
     ] = 2,
     running_deleted_instance_action: ReapAction = "reap",
+    virt_type: Annotated[
+        str | None, typer.Option("--virt-type", help="libvirt: kvm or qemu (default: detected).")
+    ] = None,
+    cpu_dedicated_set: Annotated[
+        str | None, typer.Option("--cpu-dedicated-set", help="libvirt: pinnable CPUs, e.g. 2-7.")
+    ] = None,
+    cpu_shared_set: Annotated[
+        str | None, typer.Option("--cpu-shared-set", help="libvirt: CPUs for shared vCPUs.")
+    ] = None,
+    image_api: Annotated[
+        str, typer.Option("--image-api", help="libvirt: the image API images are fetched from.")
+    ] = "http://127.0.0.1:8880/image",
 ) -> None:
     """Production: one host's compute agent (registers the host, heartbeats, runs its work)."""
     import asyncio
@@ -463,12 +526,69 @@ def agent_process(
         from dataclasses import replace
 
         spec = replace(spec, name=host_name)
-    the_driver = make_driver(
-        driver, spec, state_dir.resolve() / "agents" / host_name, libvirt_uri=libvirt_uri
-    )
+    if driver == "libvirt":
+        the_driver = _libvirt_agent_driver(
+            cloud,
+            spec if topology is not None else None,
+            state_dir.resolve() / "agents" / host_name,
+            libvirt_uri,
+            virt_type=virt_type,
+            cpu_dedicated_set=cpu_dedicated_set,
+            cpu_shared_set=cpu_shared_set,
+            image_api=image_api,
+        )
+        from dataclasses import replace as _replace
+
+        topo = getattr(the_driver, "topology", spec.topology)
+        spec = _replace(spec, topology=topo, hypervisor_type="QEMU")
+    else:
+        the_driver = make_driver(
+            driver, spec, state_dir.resolve() / "agents" / host_name, libvirt_uri=libvirt_uri
+        )
     console.print(f"agent of {host_name} ({driver}) running")
     asyncio.run(run_until_signal(lambda stop: run_agent(cloud, spec, the_driver, bus, stop)))
     cloud.ledger.close()
+
+
+def _libvirt_agent_driver(
+    cloud: Any,
+    spec: Any,
+    disk_dir: Path,
+    uri: str,
+    *,
+    virt_type: str | None,
+    cpu_dedicated_set: str | None,
+    cpu_shared_set: str | None,
+    image_api: str,
+) -> Any:
+    """A production agent's libvirt driver: the host's topology from libvirt (unless the
+    topology file gives it), images over HTTP with the cloud's own admin token."""
+    from stowage.agent.local import service_token
+    from stowage.agent.processes import make_driver
+    from stowage.domain.topology import parse_cpu_set
+    from stowage.virt.driver import DriverError
+    from stowage.virt.hosts import kvm_makes_progress
+    from stowage.virt.images import HttpImageFetcher
+
+    def cpus(text: str | None, what: str) -> frozenset[int] | None:
+        return None if text is None else parse_cpu_set(text, what=what)
+
+    if virt_type is None:
+        virt_type = "kvm" if kvm_makes_progress() else "qemu"
+    try:
+        return make_driver(
+            "libvirt",
+            spec,
+            disk_dir,
+            libvirt_uri=uri,
+            virt_type=virt_type,
+            image_fetcher=HttpImageFetcher(image_api, lambda: service_token(cloud)),
+            cpu_dedicated_set=cpus(cpu_dedicated_set, "cpu_dedicated_set"),
+            cpu_shared_set=cpus(cpu_shared_set, "cpu_shared_set"),
+        )
+    except DriverError as exc:
+        err.print(f"[red]libvirt[/red]: {exc}")
+        raise typer.Exit(1) from None
 
 
 host_app = typer.Typer(help="Whole-host operations on a running cloud.")

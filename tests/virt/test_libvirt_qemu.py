@@ -277,3 +277,74 @@ def test_pinned_and_shared_guests_boot_migrate_and_go(world: dict[str, Any]) -> 
         assert not (driver.console_dir / f"{iid}.log").exists()
         with pytest.raises(InstanceNotFound):
             driver.console_output(iid)
+
+
+def _slow_down(uri: str, iid: str, mib_s: int) -> None:
+    conn = libvirt.open(uri)
+    try:
+        conn.lookupByName(DOMAIN_PREFIX + iid).migrateSetMaxSpeed(mib_s, 0)
+    finally:
+        conn.close()
+
+
+def test_abort_and_force_complete_act_on_the_real_job(world: dict[str, Any]) -> None:
+    h1: LibvirtDriver = world["h1"]
+    h2: LibvirtDriver = world["h2"]
+    image: ImageSpec = world["image"]
+    cpus = world["cpus"]
+    iid = str(uuid.uuid4())
+    guest = Guest(vcpus=1, memory_mb=192, pins={0: cpus[0]}, cells=(0,), image=image)
+    h1.spawn(iid, {0: cpus[0]}, [0], 192, guest)
+    boot_id = _booted(h1, iid)
+    dest_guest = Guest(vcpus=1, memory_mb=192, pins={0: cpus[-1]}, cells=(0,), image=image)
+
+    def migrate_in_background() -> tuple[threading.Thread, list[BaseException]]:
+        handle = h2.prepare_migration(iid, dest_guest)
+        failures: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                h1.migrate(iid, MigrationTarget("h2", dest_guest, handle))
+            except BaseException as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+
+        def counting() -> bool:
+            seen = h1.migration_progress(iid)
+            return seen is not None and seen.memory_total_bytes + seen.disk_total_bytes > 0
+
+        _wait_for(counting, "the migration job's progress", 60)
+        return thread, failures
+
+    try:
+        # Abort (2.24): the job is cancelled, the guest runs on at the source, the
+        # destination is rolled back to nothing.
+        _slow_down(h1.uri, iid, 1)
+        thread, failures = migrate_in_background()
+        h1.abort_migration(iid)
+        thread.join(60)
+        assert not thread.is_alive()
+        assert failures and isinstance(failures[0], DriverError)
+        assert h1.running()[iid]["state"] is InstanceState.RUNNING
+        h2.rollback_migration(iid)
+        assert iid not in h2.running()
+        assert not list(h2.disk_dir.glob(f"{iid}*"))
+        before = _uptime(_console(h1, iid))
+        _wait_for(lambda: _uptime(_console(h1, iid)) > before, "the source guest to go on", 60)
+
+        # Force-complete (2.22): the guest is paused so the copy converges; it arrives and
+        # runs on the destination, the same guest.
+        _slow_down(h1.uri, iid, 4)
+        thread, failures = migrate_in_background()
+        h1.force_complete_migration(iid)
+        thread.join(120)
+        assert not thread.is_alive() and not failures
+        h2.finish_migration(iid)
+        assert h2.running()[iid] == {"pins": {0: cpus[-1]}, "state": InstanceState.RUNNING}
+        _wait_for(lambda: f"boot_id={boot_id}" in _console(h2, iid), "the guest on h2", 60)
+    finally:
+        for driver in (h1, h2):
+            if iid in driver.running():
+                driver.destroy(iid)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from stowage.agent.metrics import AgentMetrics, AgentObserver, observe_agent
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 SIM_DISK_BYTES = 1024 * 1024
 RECONCILE_INTERVAL_S = 60.0
+POWER_SYNC_INTERVAL_S = 10.0
 
 
 class _LocalUpload:
@@ -85,6 +87,7 @@ class LocalCompute:
         self.reconcilers: dict[str, Reconciler] = {}
         self._observers: list[AgentObserver] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._power_wakes: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -126,15 +129,22 @@ class LocalCompute:
         names = await asyncio.to_thread(_host_names, cloud)
         sim_dir = cloud.config.state_dir / "sim"
         for name in names:
-            driver = SimDriver(
-                SimConfig(
-                    disk_bytes=SIM_DISK_BYTES,
-                    step_latency_s=(
-                        {"start": cloud.config.sim_step_s} if cloud.config.sim_step_s else {}
+            driver: Driver
+            if cloud.config.driver == "libvirt":
+                wake = asyncio.Event()
+                self._power_wakes[name] = wake
+                poke = _waker(asyncio.get_running_loop(), wake)
+                driver = await asyncio.to_thread(libvirt_driver, cloud, name, poke)
+            else:
+                driver = SimDriver(
+                    SimConfig(
+                        disk_bytes=SIM_DISK_BYTES,
+                        step_latency_s=(
+                            {"start": cloud.config.sim_step_s} if cloud.config.sim_step_s else {}
+                        ),
                     ),
-                ),
-                disk_dir=sim_dir / name,
-            )
+                    disk_dir=sim_dir / name,
+                )
             server = agent_server(cloud, name, driver, self.bus)
             await server.serve()
             self.agents[name] = server
@@ -151,6 +161,10 @@ class LocalCompute:
                 asyncio.create_task(r.run_forever(RECONCILE_INTERVAL_S), name=f"reconcile-{h}")
                 for h, r in self.reconcilers.items()
             ),
+            *(
+                asyncio.create_task(self._power_sync(h, w), name=f"power-sync-{h}")
+                for h, w in self._power_wakes.items()
+            ),
         ]
 
     async def close(self) -> None:
@@ -164,17 +178,119 @@ class LocalCompute:
             await server.close()
             if isinstance(server.driver, SimDriver):
                 server.driver.clear_faults()
+            close = getattr(server.driver, "close", None)
+            if close is not None and not isinstance(server.driver, SimDriver):
+                await asyncio.to_thread(close)
         await self.bus.close()
 
     async def _restore_hypervisors(self) -> None:
         for host, server in self.agents.items():
             await asyncio.to_thread(restore_guests, self.cloud, host, server.driver)
 
+    async def _power_sync(self, host: str, wake: asyncio.Event) -> None:
+        """Lifecycle events (a guest stopped, crashed, vanished) and a periodic check bring
+        the hypervisor's power state into the servers' (Nova's _sync_power_states)."""
+        from stowage.services.power_sync import sync_power_states
+
+        server = self.agents[host]
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(POWER_SYNC_INTERVAL_S):
+                    await wake.wait()
+            wake.clear()
+            await asyncio.sleep(0.5)  # let the operation that caused the event record itself
+            try:
+                running = await server.agent.running()
+                await asyncio.to_thread(sync_power_states, self.cloud, host, running)
+            except Exception:
+                log.exception("power sync of %s failed", host)
+
     async def _observe(self) -> None:
         while True:
             for observer in self._observers:
                 observer.observe()
             await asyncio.sleep(5.0)
+
+
+def _waker(loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> Callable[[str, str], None]:
+    """A lifecycle callback (libvirt's event thread) that sets `wake` on `loop`."""
+
+    def poke(_instance_id: str, _event: str) -> None:
+        loop.call_soon_threadsafe(wake.set)
+
+    return poke
+
+
+def libvirt_driver(
+    cloud: Cloud, host: str, on_lifecycle: Callable[[str, str], None] | None = None
+) -> Driver:
+    """A host's libvirt driver: its URI, its topology as registered, images over HTTP."""
+    from stowage.virt.images import HttpImageFetcher
+    from stowage.virt.libvirt_driver import LibvirtDriver
+
+    config = cloud.config
+    uri = config.libvirt_uris.get(host, "qemu:///system")
+    spec = next((h for h in config.topology if h.name == host), None)
+    fetcher = HttpImageFetcher(f"{config.base_url}/image", lambda: service_token(cloud))
+    return LibvirtDriver(
+        uri,
+        None if spec is None else spec.topology,
+        config.state_dir / "libvirt" / host / "disks",
+        virt_type=config.virt_type,
+        image_fetcher=fetcher,
+        migration_uri="tcp://127.0.0.1" if uri.startswith("qemu+unix") else None,
+        on_lifecycle=on_lifecycle,
+    )
+
+
+GUEST_IMAGE_NAME = "stowage-guest"
+
+
+def register_guest_image(cloud: Cloud) -> str:
+    """The bootable guest built from Debian packages (`stowage.virt.guest_image`) as a public
+    raw image, once; its id."""
+    from pathlib import Path
+
+    from stowage.services import images
+    from stowage.virt import guest_image
+
+    for doc in cloud.objects.list("image"):
+        if doc.body.get("name") == GUEST_IMAGE_NAME and doc.body.get("status") == "active":
+            return doc.id
+    owner = next(d.id for d in cloud.objects.list("project") if d.body.get("name") == "admin")
+    path = cloud.config.state_dir / "libvirt" / "guest.raw"
+    guest_image.build(path, kernel=guest_image.default_kernel(), busybox=Path("/bin/busybox"))
+    admin = SystemCaller(owner)
+    body = images.create_image(
+        cloud,
+        admin,
+        {
+            "name": GUEST_IMAGE_NAME,
+            "visibility": "public",
+            "disk_format": "raw",
+            "container_format": "bare",
+        },
+    )
+
+    def chunks() -> Any:
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                yield chunk
+
+    images.store_image_bytes(cloud, admin, body["id"], chunks())
+    return str(body["id"])
+
+
+def service_token(cloud: Cloud) -> str:
+    """A token for the cloud's own admin (the agents' image downloads)."""
+    users = [d for d in cloud.objects.list("user") if d.body.get("name") == "admin"]
+    projects = [d for d in cloud.objects.list("project") if d.body.get("name") == "admin"]
+    if not users or not projects:
+        raise RuntimeError("the cloud has no admin user or project")
+    user_id, project_id = users[0].id, projects[0].id
+    roles = cloud.roles_of(user_id, project_id)
+    token, _payload = cloud.tokens.issue(user_id, project_id, roles, methods=("password",))
+    return token
 
 
 def make_reconciler(

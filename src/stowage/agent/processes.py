@@ -91,8 +91,15 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
 
 
 def make_driver(
-    kind: str, spec: HostSpec, disk_dir: Path, *, libvirt_uri: str = "qemu:///system"
+    kind: str,
+    spec: HostSpec | None,
+    disk_dir: Path,
+    *,
+    libvirt_uri: str = "qemu:///system",
+    **libvirt_options: Any,
 ) -> Driver:
+    """The host's driver; for libvirt, a `spec` of None reads the topology from libvirt and
+    `libvirt_options` go to `LibvirtDriver` (virt_type, image_fetcher, CPU sets, ...)."""
     if kind == "sim":
         from stowage.virt.sim import SimConfig, SimDriver
 
@@ -100,7 +107,8 @@ def make_driver(
     if kind == "libvirt":
         from stowage.virt.libvirt_driver import LibvirtDriver
 
-        return LibvirtDriver(libvirt_uri, spec.topology, disk_dir)
+        topology = None if spec is None else spec.topology
+        return LibvirtDriver(libvirt_uri, topology, disk_dir, **libvirt_options)
     raise ValueError(f"unknown driver {kind!r}: sim or libvirt")
 
 

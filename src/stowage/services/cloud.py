@@ -73,6 +73,9 @@ class CloudConfig:
     running_deleted_instance_action: str = "reap"
     lease_s: float = 60.0  # a conductor's lease on an operation; renewed while it drives it
     conductor_name: str = ""  # a conductor's stable identity ("": the machine's host name)
+    driver: str = "sim"  # the all-in-one cloud's hypervisors: sim, or libvirt (real QEMU)
+    virt_type: str | None = None  # libvirt's domain type: kvm, qemu, or None (detected)
+    libvirt_uris: dict[str, str] = field(default_factory=dict)  # host name -> libvirt URI
 
     @property
     def base_url(self) -> str:

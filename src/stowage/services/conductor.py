@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -547,11 +548,17 @@ class Conductor:
         claim = await asyncio.to_thread(claim_of, self.cloud, op.migration_id)
         if claim is None:
             raise NotFound(f"migration {op.migration_id} holds no claim")
-        guest = await asyncio.to_thread(
-            guest_payload, self.cloud, op.instance_id, flavor=record.get("new_flavor")
-        )
+        guest = {
+            **await asyncio.to_thread(
+                guest_payload, self.cloud, op.instance_id, flavor=record.get("new_flavor")
+            ),
+            **claim,
+        }
+        # A live migration's destination only makes room (the disk on its cached image): the
+        # guest itself arrives with its memory. Every other move builds it there.
+        live = op.kind == "live-migration"
         try:
-            reply = await self._call(op, "spawn", {**guest, **claim})
+            reply = await self._call(op, "prepare_migration" if live else "spawn", guest)
         except _Wait as why:
             # Unknown on the destination: the record says so (error), both ends stay held,
             # and the destination is cleaned up as soon as it answers again.
@@ -563,6 +570,10 @@ class Conductor:
         if not reply.get("ok"):
             await asyncio.to_thread(self._to_abort, op, "failed", str(reply.get("error")))
             return
+        if live:
+            payload = {**op.payload, "dest_handle": reply.get("handle") or {}, "dest_guest": guest}
+            await asyncio.to_thread(self.ops.update, op.id, payload=payload)
+            op = dataclasses.replace(op, payload=payload)
         await asyncio.to_thread(self._prepared, op)
 
     def _record(self, op: Operation) -> dict[str, Any]:
@@ -643,12 +654,71 @@ class Conductor:
             if record.get("force_complete") or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        if not await self._migrate_live(op):
+            return
+        record = await asyncio.to_thread(self._record, op)
         record["status"] = "post-migrating"
         with self.cloud.ledger.engine.begin() as conn:
             self.cloud.objects.update_in(
                 conn, "migration", op.migration_id or "", record, keep=REQUESTS
             )
             self.ops.advance(conn, op.id, step="source_cleanup")
+
+    async def _migrate_live(self, op: Operation) -> bool:
+        """The source's hypervisor moves the guest to the destination prepared for it, while
+        its progress goes into the record and an abort (2.24) or a force-complete (2.22)
+        acts on the running job; then the destination takes the guest. False when the
+        migration did not happen (the destination is undone next, the source keeps it)."""
+        handle = op.payload.get("dest_handle")
+        if handle is None:
+            return True  # prepared by an agent that built the guest there already
+        record = await asyncio.to_thread(self._record, op)
+        dest = str(record["dest_compute"])
+        moving = asyncio.create_task(
+            self._call(
+                op,
+                "live_migrate",
+                {"dest": dest, "dest_guest": op.payload.get("dest_guest") or {}, "handle": handle},
+            )
+        )
+        acted: set[str] = set()
+        polls = 0
+        while not moving.done():
+            await asyncio.wait({moving}, timeout=1.0)
+            if moving.done():
+                break
+            record = await asyncio.to_thread(self._record, op)
+            for flag, method in (
+                ("abort", "abort_migration"),
+                ("force_complete", "force_complete_migration"),
+            ):
+                if record.get(flag) and flag not in acted:
+                    acted.add(flag)
+                    with contextlib.suppress(_Wait):
+                        await self._call(op, method, {}, suffix=f":{flag}")
+            polls += 1
+            with contextlib.suppress(_Wait):
+                seen = await self._call(op, "migration_progress", {}, suffix=f":p{polls}")
+                if seen.get("ok") and seen.get("progress"):
+                    await asyncio.to_thread(self._progressed, op, dict(seen["progress"]))
+        reply = moving.result()  # no answer: _Wait, and the step runs again (same call id)
+        if not reply.get("ok"):
+            outcome = "cancelled" if "abort" in acted else "failed"
+            await asyncio.to_thread(self._to_abort, op, outcome, str(reply.get("error")))
+            return False
+        at_dest = dataclasses.replace(op, host=dest)
+        done = await self._call(at_dest, "finish_migration", {}, suffix=":finish")
+        if not done.get("ok"):
+            raise _Wait(f"{dest} did not take the guest: {done.get('error')}", failed=True)
+        return True
+
+    def _progressed(self, op: Operation, progress: dict[str, Any]) -> None:
+        record = self._record(op)
+        record.update({k: int(v) for k, v in progress.items()})
+        with self.cloud.ledger.engine.begin() as conn:
+            self.cloud.objects.update_in(
+                conn, "migration", op.migration_id or "", record, keep=REQUESTS
+            )
 
     async def _step_source_cleanup(self, op: Operation) -> None:
         """The source lets the instance go; then the destination's claims become its own."""

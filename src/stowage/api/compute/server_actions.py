@@ -1,5 +1,6 @@
 """Compute v2.1: the server actions beside power, moves, images and rebuild: security groups
-(added to and removed from the server's ports), backups, restore and injectNetworkInfo."""
+(added to and removed from the server's ports), backups, restore, injectNetworkInfo and the
+console log (os-getConsoleOutput, read from the host's hypervisor)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,14 @@ from stowage.services.instances import write_instance
 __all__ = ["EXTRA_ACTIONS", "extra_action"]
 
 EXTRA_ACTIONS = frozenset(
-    {"addSecurityGroup", "removeSecurityGroup", "createBackup", "injectNetworkInfo", "restore"}
+    {
+        "addSecurityGroup",
+        "removeSecurityGroup",
+        "createBackup",
+        "injectNetworkInfo",
+        "restore",
+        "os-getConsoleOutput",
+    }
 )
 
 
@@ -50,12 +58,54 @@ async def extra_action(
         )
     if action == "createBackup":
         return await _backup(request, ctx, doc, args)
+    if action == "os-getConsoleOutput":
+        return await _console_output(cloud, doc, args)
     name = args.get("name")
     if not isinstance(name, str) or not name:
         raise ApiError(400, f"Invalid input for field/attribute {action}: 'name' is required")
     add = action == "addSecurityGroup"
     await asyncio.to_thread(_change_groups, cloud, ctx, doc, name, add=add)
     return Response(status_code=202)
+
+
+async def _console_output(cloud: Cloud, doc: Document, args: dict[str, Any]) -> Response:
+    """The guest's serial console log from its host's hypervisor; `length` last lines."""
+    import uuid
+
+    from stowage.agent.server import compute_topic
+    from stowage.bus.base import BusError, RemoteError
+
+    length = args.get("length")
+    if isinstance(length, str):
+        try:
+            length = int(length)
+        except ValueError:
+            raise ApiError(400, f"Invalid input for field/attribute length: {length!r}") from None
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int)):
+        raise ApiError(400, f"Invalid input for field/attribute length: {length!r}")
+    if isinstance(length, int) and length < -1:
+        raise ApiError(400, "Invalid input for field/attribute length: must be -1 or more")
+    body = doc.body
+    host = body.get("host")
+    if not host or body.get("vm_state") in ("building", "error") or cloud.bus is None:
+        raise ApiError(
+            409,
+            f"Instance {doc.id} is not ready: vm_state {body.get('vm_state')}, "
+            f"host {host or 'none'}",
+        )
+    try:
+        reply = await cloud.bus.call(
+            compute_topic(str(host)),
+            "console_output",
+            {"instance_id": doc.id, "length": None if length in (None, -1) else length},
+            op_id="console-" + uuid.uuid4().hex,
+            timeout_s=cloud.config.op_timeout_s,
+        )
+    except (BusError, RemoteError) as exc:
+        raise ApiError(409, f"Instance {doc.id}: its host {host} did not answer: {exc}") from None
+    if not reply.get("ok"):
+        raise ApiError(409, f"Instance {doc.id}: {reply.get('error')}")
+    return JSONResponse({"output": str(reply.get("output") or "")})
 
 
 def _change_groups(cloud: Cloud, ctx: Context, doc: Document, name: str, *, add: bool) -> None:
