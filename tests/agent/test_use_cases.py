@@ -130,6 +130,9 @@ def unended_migrations(cloud: Cloud) -> list[dict[str, Any]]:
     ]
 
 
+_HYPERVISORS: dict[tuple[str, str], SimDriver] = {}
+
+
 def drive(cloud: Cloud, tmp_path: Path, until_true: Any, timeout_s: float = 30.0) -> dict[str, Any]:
     """Run agents and a conductor (a new process's, as after a restart) until `until_true`,
     then until no operation is open; returns each host's running instances."""
@@ -138,7 +141,11 @@ def drive(cloud: Cloud, tmp_path: Path, until_true: Any, timeout_s: float = 30.0
         bus = InProcTransport()
         servers = []
         for name in HOSTS:
-            driver = SimDriver(SimConfig(disk_bytes=4096), disk_dir=tmp_path / "disks" / name)
+            key = (str(tmp_path), name)  # the hypervisors outlive their agents' restarts
+            if key not in _HYPERVISORS:
+                disk = tmp_path / "disks" / name
+                _HYPERVISORS[key] = SimDriver(SimConfig(disk_bytes=4096), disk_dir=disk)
+            driver = _HYPERVISORS[key]
             server = AgentServer(name, driver, bus, lambda n=name: cloud.ledger.heartbeat([n]))
             await server.serve()
             servers.append(server)
@@ -423,3 +430,17 @@ def test_two_writers_of_one_instance_from_the_same_read_lose_nothing(cloud: Clou
     write_instance(cloud, vm, read, {**read, "locked": True})  # from the same, stale read
     body = cloud.objects.get("instance", vm).body
     assert (body["metadata"], body["locked"]) == ({"owner": "ops"}, True)
+
+
+def test_a_stale_writer_does_not_undo_another_writers_transition(cloud: Cloud) -> None:
+    """A field another writer changed since this writer's read is a conflict, not overwritten
+    (a conductor finishing a step must not undo a delete's task state)."""
+    from stowage.domain.errors import ConflictError
+    from stowage.services.instances import write_instance
+
+    (vm,) = (d["id"] for d in build_servers(cloud, request(1), "req"))
+    read = cloud.objects.get("instance", vm).body
+    write_instance(cloud, vm, read, {**read, "task_state": "deleting"})
+    with pytest.raises(ConflictError, match="task_state"):
+        write_instance(cloud, vm, read, {**read, "task_state": "spawning"})
+    assert cloud.objects.get("instance", vm).body["task_state"] == "deleting"

@@ -54,6 +54,7 @@ from stowage.ledger.schema import allocations, consumers, hosts, numa_claims, pi
 from stowage.services.caller import SystemCaller
 from stowage.services.cloud import Cloud
 from stowage.services.guest_spec import guest_payload
+from stowage.services.instances import write_instance
 from stowage.services.migrations import REQUESTS, settled_status
 
 __all__ = ["Conductor", "ConductorConfig", "claim_of", "conductor_config"]
@@ -362,6 +363,7 @@ class Conductor:
             # No half-built server: without its ports it holds no claim either.
             doc = cloud.objects.get("instance", op.instance_id)
             body = dict(doc.body)
+            before = doc.body
             message = f"Build of instance {op.instance_id} aborted: {exc}"
             body.update(status="ERROR", vm_state="error", power_state=0, task_state=None)
             body["host"] = None
@@ -373,7 +375,7 @@ class Conductor:
             }
 
             def write(conn: Connection) -> None:
-                cloud.objects.update_in(conn, "instance", op.instance_id, body)
+                write_instance(cloud, op.instance_id, before, body, conn=conn)
                 self.ops.advance(conn, op.id, state="failed", result={"error": message})
 
             cloud.ledger.release(op.instance_id, forget=False, also=write)
@@ -398,7 +400,8 @@ class Conductor:
 
     def _spawned(self, op: Operation, reply: Reply) -> None:
         cloud = self.cloud
-        body = dict(cloud.objects.get("instance", op.instance_id).body)
+        before = cloud.objects.get("instance", op.instance_id).body
+        body = dict(before)
         if reply.get("ok") and op.kind == "rebuild" and op.payload.get("stopped"):
             # Nova keeps a stopped server stopped through a rebuild: power it off again.
             with cloud.ledger.engine.begin() as conn:
@@ -413,7 +416,7 @@ class Conductor:
             else:
                 body["fault"] = None
             with cloud.ledger.engine.begin() as conn:
-                cloud.objects.update_in(conn, "instance", op.instance_id, body)
+                write_instance(cloud, op.instance_id, before, body, conn=conn)
                 self.ops.advance(conn, op.id, state="done", result=reply)
             _event(cloud, op, body, "Success", None)
             return
@@ -432,7 +435,7 @@ class Conductor:
             body["host"] = None
 
             def write(conn: Connection) -> None:
-                cloud.objects.update_in(conn, "instance", op.instance_id, body)
+                write_instance(cloud, op.instance_id, before, body, conn=conn)
                 self.ops.advance(conn, op.id, state="failed", result=reply)
                 # What the failed spawn left on the host goes in the same commit.
                 self.ops.enqueue("cleanup", op.instance_id, op.host, step="destroy", conn=conn)
@@ -441,7 +444,7 @@ class Conductor:
             networks.release_ports(cloud, op.instance_id)
         else:
             with cloud.ledger.engine.begin() as conn:
-                cloud.objects.update_in(conn, "instance", op.instance_id, body)
+                write_instance(cloud, op.instance_id, before, body, conn=conn)
                 self.ops.advance(conn, op.id, state="failed", result=reply)
         _event(cloud, op, body, "Error", message)
 
@@ -499,7 +502,8 @@ class Conductor:
 
     def _powered(self, op: Operation, action: str, reply: Reply) -> None:
         cloud = self.cloud
-        body = dict(cloud.objects.get("instance", op.instance_id).body)
+        before = cloud.objects.get("instance", op.instance_id).body
+        body = dict(before)
         if reply.get("ok"):
             status, vm_state, power = _AFTER_POWER[action]
             body.update(status=status, vm_state=vm_state, power_state=power, task_state=None)
@@ -510,7 +514,7 @@ class Conductor:
             body.update(task_state=None)  # the instance is as it was
             state = "failed"
         with cloud.ledger.engine.begin() as conn:
-            cloud.objects.update_in(conn, "instance", op.instance_id, body)
+            write_instance(cloud, op.instance_id, before, body, conn=conn)
             self.ops.advance(conn, op.id, state=state, result=reply)
         _event(cloud, op, body, "Success" if reply.get("ok") else "Error", reply.get("error"))
 
@@ -530,8 +534,9 @@ class Conductor:
         with cloud.ledger.engine.begin() as conn:
             if doc is not None:
                 body = dict(doc.body)
+                before = doc.body
                 body["task_state"] = None
-                cloud.objects.update_in(conn, "instance", op.instance_id, body)
+                write_instance(cloud, op.instance_id, before, body, conn=conn)
             self.ops.advance(
                 conn, op.id, state="done" if reply.get("ok") else "failed", result=reply
             )
@@ -605,7 +610,8 @@ class Conductor:
         assert op.migration_id is not None
         cloud = self.cloud
         record = self._record(op)
-        body = dict(cloud.objects.get("instance", op.instance_id).body)
+        before = cloud.objects.get("instance", op.instance_id).body
+        body = dict(before)
         kind = op.kind
         if kind == "live-migration":
             record["status"] = "running"
@@ -623,7 +629,7 @@ class Conductor:
                 cloud.objects.update_in(
                     conn, "migration", op.migration_id or "", record, keep=REQUESTS
                 )
-                cloud.objects.update_in(conn, "instance", op.instance_id, body)
+                write_instance(cloud, op.instance_id, before, body, conn=conn)
                 self.ops.advance(conn, op.id, state="done")
                 # The source is down: what runs there is destroyed when it comes back.
                 self.ops.enqueue(
@@ -639,7 +645,7 @@ class Conductor:
         record["finished_at"] = cloud.clock()
         with cloud.ledger.engine.begin() as conn:
             cloud.objects.update_in(conn, "migration", op.migration_id, record, keep=REQUESTS)
-            cloud.objects.update_in(conn, "instance", op.instance_id, body)
+            write_instance(cloud, op.instance_id, before, body, conn=conn)
             self.ops.advance(conn, op.id, state="done")
 
     async def _step_transfer(self, op: Operation) -> None:
@@ -732,7 +738,8 @@ class Conductor:
         assert op.migration_id is not None
         cloud = self.cloud
         record = self._record(op)
-        body = dict(cloud.objects.get("instance", op.instance_id).body)
+        before = cloud.objects.get("instance", op.instance_id).body
+        body = dict(before)
         body.update(
             host=record["dest_compute"], flavor=record["new_flavor"], task_state=None, fault=None
         )
@@ -745,7 +752,7 @@ class Conductor:
 
         def write(conn: Connection) -> None:
             cloud.objects.update_in(conn, "migration", op.migration_id or "", record, keep=REQUESTS)
-            cloud.objects.update_in(conn, "instance", op.instance_id, body)
+            write_instance(cloud, op.instance_id, before, body, conn=conn)
             self.ops.advance(conn, op.id, state="done")
 
         cloud.ledger.complete_migration(op.migration_id, also=write)
@@ -763,7 +770,8 @@ class Conductor:
         assert op.migration_id is not None
         cloud = self.cloud
         record = self._record(op)
-        body = dict(cloud.objects.get("instance", op.instance_id).body)
+        before = cloud.objects.get("instance", op.instance_id).body
+        body = dict(before)
         reason = str(record.get("reason") or "")
         if op.kind == "revert":
             record["status"] = "reverted"
@@ -788,7 +796,7 @@ class Conductor:
 
         def write(conn: Connection) -> None:
             cloud.objects.update_in(conn, "migration", op.migration_id or "", record, keep=REQUESTS)
-            cloud.objects.update_in(conn, "instance", op.instance_id, body)
+            write_instance(cloud, op.instance_id, before, body, conn=conn)
             self.ops.advance(
                 conn,
                 op.id,
