@@ -401,3 +401,31 @@ def test_a_deleted_servers_destination_stays_held_until_it_is_known_clean(
 
     asyncio.run(scenario())
     assert audit(cloud.ledger) == []
+
+
+def test_a_move_step_that_ends_after_the_delete_commits_nothing(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The conductor is still copying memory when the server is deleted: the copy's end
+    must not write its migration back to `post-migrating` (nor bring its operation back)."""
+    cloud = _cloud(db_url, tmp_path, live_migration_s=1.5)
+
+    async def scenario() -> None:
+        async with running_cloud(cloud, tmp_path) as servers:
+            [vm] = await asyncio.to_thread(build, cloud, 1, "host1")
+            await until(lambda: state(cloud, vm)[0] == "ACTIVE")
+            mid = await asyncio.to_thread(_move, cloud, vm, "live-migration")
+            await until(lambda: cloud.objects.get("migration", mid).body["status"] == "running")
+            await asyncio.to_thread(compute.delete_server, cloud, vm)
+            await until(lambda: cloud.objects.find("instance", vm) is None)
+            await asyncio.sleep(2.5)  # past the end of the copy
+            await until(lambda: not cloud.operations.active())
+            assert cloud.objects.get("migration", mid).body["status"] == "failed"
+            assert guests(servers) == {"host1": [], "host2": []}
+            assert holdings(cloud) == {}
+
+    try:
+        asyncio.run(scenario())
+        assert audit(cloud.ledger) == []
+    finally:
+        cloud.ledger.close()

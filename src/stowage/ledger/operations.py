@@ -14,7 +14,7 @@ from sqlalchemy import Connection, Engine, and_, insert, or_, select, update
 from stowage.ledger.db import READONLY
 from stowage.ledger.schema import operations
 
-__all__ = ["ACTIVE_STATES", "TERMINAL_STATES", "Operation", "Operations"]
+__all__ = ["ACTIVE_STATES", "TERMINAL_STATES", "Operation", "OperationEnded", "Operations"]
 
 ACTIVE_STATES = ("pending", "unknown")
 TERMINAL_STATES = ("done", "failed")
@@ -50,6 +50,11 @@ class Operation:
         return self.state in TERMINAL_STATES
 
 
+class OperationEnded(Exception):
+    """A guarded write found its operation already ended (a delete overtook it): the
+    transaction it was part of must not commit."""
+
+
 def _row(row: Any) -> Operation:
     return Operation(
         id=row.id,
@@ -70,9 +75,15 @@ def _row(row: Any) -> Operation:
 class Operations:
     """Insert, lease, advance and wait for operations; every write may join a caller's commit."""
 
-    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, engine: Engine, *, clock: Callable[[], float] = time.time, guarded: bool = False
+    ) -> None:
         self.engine = engine
         self.clock = clock
+        # Guarded (the conductor's): `advance` moves only an operation that is still active
+        # and raises `OperationEnded` otherwise, so what a step commits with it (documents,
+        # claims) never lands after another writer ended the operation.
+        self.guarded = guarded
 
     def enqueue(
         self,
@@ -143,7 +154,11 @@ class Operations:
         if attempts is not None:
             values["attempts"] = attempts
         values["next_at"] = now + (retry_in_s or 0.0)
-        conn.execute(update(operations).where(operations.c.id == op_id).values(**values))
+        query = update(operations).where(operations.c.id == op_id)
+        if self.guarded:
+            query = query.where(operations.c.state.in_(ACTIVE_STATES))
+        if not conn.execute(query.values(**values)).rowcount and self.guarded:
+            raise OperationEnded(f"operation {op_id} has already ended")
 
     def update(self, op_id: str, **changes: Any) -> None:
         with self.engine.begin() as conn:

@@ -49,7 +49,7 @@ from stowage.bus.base import BusError, RemoteError, Transport, compute_topic
 from stowage.domain.errors import NotFound
 from stowage.domain.topology import ResourceClass
 from stowage.ledger.db import READONLY
-from stowage.ledger.operations import Operation, Operations
+from stowage.ledger.operations import Operation, OperationEnded, Operations
 from stowage.ledger.schema import allocations, consumers, hosts, numa_claims, pins
 from stowage.services.caller import SystemCaller
 from stowage.services.cloud import Cloud
@@ -153,7 +153,7 @@ class Conductor:
         self.bus = bus
         self.config = config or ConductorConfig()
         self.owner = owner or "conductor-" + uuid.uuid4().hex[:12]
-        self.ops = Operations(cloud.ledger.engine, clock=cloud.clock)
+        self.ops = Operations(cloud.ledger.engine, clock=cloud.clock, guarded=True)
         self._active: dict[str, asyncio.Task[None]] = {}
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -272,6 +272,10 @@ class Conductor:
                     await asyncio.to_thread(self._give_up, current, str(exc))
                     return
                 current = await asyncio.to_thread(self.ops.find, current.id)
+        except OperationEnded as exc:
+            # Another writer (a delete) ended it meanwhile: nothing of this step committed.
+            log.info("operation %s (%s) ended elsewhere: %s", op.id, op.kind, exc)
+            await asyncio.to_thread(self.ops.let_go, self.owner, op.id)
         except Exception:
             log.exception("operation %s (%s) failed in the conductor", op.id, op.kind)
             await asyncio.to_thread(self._retry_later, op, "conductor error")
@@ -284,7 +288,8 @@ class Conductor:
         payload = dict(current.payload)
         if failed:
             payload["retry"] = int(payload.get("retry", 0)) + 1
-        with self.cloud.ledger.engine.begin() as conn:
+        with contextlib.suppress(OperationEnded), self.cloud.ledger.engine.begin() as conn:
+            # Never brings back an operation another writer ended meanwhile.
             self.ops.advance(
                 conn,
                 op.id,
@@ -297,7 +302,7 @@ class Conductor:
         self.ops.let_go(self.owner, op.id)
 
     def _give_up(self, op: Operation, why: str) -> None:
-        with self.cloud.ledger.engine.begin() as conn:
+        with contextlib.suppress(OperationEnded), self.cloud.ledger.engine.begin() as conn:
             self.ops.advance(conn, op.id, state="failed", result={"error": why})
 
     async def _call(
