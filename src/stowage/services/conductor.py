@@ -604,11 +604,17 @@ class Conductor:
                 if seen.get("ok") and seen.get("progress"):
                     await asyncio.to_thread(self._progressed, op, dict(seen["progress"]))
         reply = moving.result()  # no answer: _Wait, and the step runs again (same call id)
+        at_dest = dataclasses.replace(op, host=dest)
+        if not reply.get("ok") and reply.get("code") == "virt.instance.not_found":
+            # The source no longer has it: a repeated call after the guest left (an agent
+            # that restarted forgot the first answer). Where it runs decides, not the error.
+            there = await self._call(at_dest, "running", {}, suffix=f":where{op.attempts}")
+            if op.instance_id in (there.get("instances") or {}):
+                reply = {"ok": True, "already": True}
         if not reply.get("ok"):
             outcome = "cancelled" if "abort" in acted else "failed"
             await asyncio.to_thread(self._to_abort, op, outcome, str(reply.get("error")))
             return False
-        at_dest = dataclasses.replace(op, host=dest)
         done = await self._call(at_dest, "finish_migration", {}, suffix=":finish")
         if not done.get("ok"):
             raise _Wait(f"{dest} did not take the guest: {done.get('error')}", failed=True)
