@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from stowage.agent.server import AgentServer
+from stowage.api.compute.microversion import Microversion
+from stowage.api.compute.migrations import _server_migration_view
 from stowage.bus.inproc import InProcTransport
 from stowage.domain.topology import HostSpec, HostTopology
 from stowage.ledger import Ledger, audit
@@ -126,8 +128,13 @@ def test_live_migration_runs_the_port_phases_with_progress(cloud: Cloud, tmp_pat
             ]
             assert [op for op, iid in src.calls if iid == vm] == ["spawn", "migrate", "destroy"]
             assert "spawn" not in [op for op, iid in dst.calls if iid == vm]  # not rebuilt
-            record = cloud.objects.get("migration", mid).body
-            assert record["memory_total_bytes"] == 256 * 1024 * 1024
+            doc = cloud.objects.get("migration", mid)
+            assert doc.body["memory_total_bytes"] == 256 * 1024 * 1024
+            # GET /servers/{id}/migrations/{id} shows it (Nova's fields).
+            view = _server_migration_view(doc, Microversion((2, 80)))
+            assert view["server_uuid"] == vm
+            assert view["memory_total_bytes"] == 256 * 1024 * 1024
+            assert view["disk_total_bytes"] == 0
             assert dst.running()[vm]["state"] is InstanceState.RUNNING
             assert vm not in src.running()
 
