@@ -167,3 +167,32 @@ def test_a_repeated_migrate_after_the_guest_left_does_not_undo_it(
 
     asyncio.run(scenario())
     assert audit(cloud.ledger) == []
+
+
+def test_pause_and_suspend_reach_the_hypervisor(cloud: Cloud, tmp_path: Path) -> None:
+    """Pause, unpause, suspend and resume are carried out by the host's driver (they were
+    document-only changes before: the guest kept running)."""
+    from stowage.services.compute import power_action
+
+    async def scenario() -> None:
+        async with agents(cloud, tmp_path, {}) as servers:
+            vm = await asyncio.to_thread(_build, cloud)
+            await until(lambda: _status(cloud, "instance", vm) == "ACTIVE")
+            sim = _sim(servers["host1"])
+            for action, status, state in (
+                ("pause", "PAUSED", InstanceState.PAUSED),
+                ("unpause", "ACTIVE", InstanceState.RUNNING),
+                ("suspend", "SUSPENDED", InstanceState.SUSPENDED),
+                ("resume", "ACTIVE", InstanceState.RUNNING),
+            ):
+                await asyncio.to_thread(power_action, cloud, vm, action, is_admin=True)
+                await until(lambda status=status: _status(cloud, "instance", vm) == status)
+                assert sim.running()[vm]["state"] is state, action
+            assert [op for op, iid in sim.calls if iid == vm][1:] == [
+                "pause",
+                "unpause",
+                "suspend",
+                "resume",
+            ]
+
+    asyncio.run(scenario())

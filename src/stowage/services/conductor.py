@@ -62,12 +62,24 @@ log = logging.getLogger(__name__)
 
 Reply = dict[str, Any]
 
-POWER_METHODS = {"os-stop": "power_off", "os-start": "power_on", "reboot": "reboot"}
+POWER_METHODS = {
+    "os-stop": "power_off",
+    "os-start": "power_on",
+    "reboot": "reboot",
+    "pause": "pause",
+    "unpause": "unpause",
+    "suspend": "suspend",
+    "resume": "resume",
+}
 MOVE_KINDS = ("live-migration", "evacuation", "migration", "resize")
 _AFTER_POWER = {
     "os-stop": ("SHUTOFF", "stopped", 4),
     "os-start": ("ACTIVE", "active", 1),
     "reboot": ("ACTIVE", "active", 1),
+    "pause": ("PAUSED", "paused", 3),
+    "unpause": ("ACTIVE", "active", 1),
+    "suspend": ("SUSPENDED", "suspended", 7),
+    "resume": ("ACTIVE", "active", 1),
 }
 
 
