@@ -259,6 +259,21 @@ def test_read_disk_streams_the_disk(driver: LibvirtDriver, ids: Callable[[], str
         driver.read_disk(iid, 0)
 
 
+def test_spawning_the_same_guest_again_starts_it(
+    driver: LibvirtDriver, conn: Any, ids: Callable[[], str]
+) -> None:
+    """A restored host (its daemon restarted: every guest defined, none running) gets the
+    same spawn again: the defined guest is started, not refused."""
+    iid = ids()
+    driver.spawn(iid, {0: 12}, [1], 128)
+    conn.lookupByName(DOMAIN_PREFIX + iid).destroy()
+    assert driver.running()[iid]["state"] is InstanceState.SHUTOFF
+    driver.spawn(iid, {0: 12}, [1], 128)
+    assert driver.running()[iid] == {"pins": {0: 12}, "state": InstanceState.RUNNING}
+    driver.spawn(iid, {0: 12}, [1], 128)  # running already: nothing to do
+    assert driver.running()[iid]["state"] is InstanceState.RUNNING
+
+
 def test_spawning_the_same_id_twice_fails(driver: LibvirtDriver, ids: Callable[[], str]) -> None:
     iid = ids()
     driver.spawn(iid, {0: 13}, [1], 128)

@@ -686,7 +686,6 @@ def power_action(
             )
         cloud.kick()
         return _ACTION_NAMES[action]
-    # Pause and suspend have no step on the simulated hypervisor: the state is the record.
     if after is not None:
         _set_state(body, after, task_state=None)
     write_instance(cloud, instance_id, doc.body, body)
@@ -694,7 +693,15 @@ def power_action(
 
 
 # Power actions the host's agent carries out, with the task_state shown meanwhile.
-_ON_AGENT = {"os-stop": "powering-off", "os-start": "powering-on", "reboot": "rebooting"}
+_ON_AGENT = {
+    "os-stop": "powering-off",
+    "os-start": "powering-on",
+    "reboot": "rebooting",
+    "pause": "pausing",
+    "unpause": "unpausing",
+    "suspend": "suspending",
+    "resume": "resuming",
+}
 
 
 def instance_topology(cloud: Cloud, instance_id: str) -> list[dict[str, Any]]:

@@ -63,12 +63,24 @@ log = logging.getLogger(__name__)
 
 Reply = dict[str, Any]
 
-POWER_METHODS = {"os-stop": "power_off", "os-start": "power_on", "reboot": "reboot"}
+POWER_METHODS = {
+    "os-stop": "power_off",
+    "os-start": "power_on",
+    "reboot": "reboot",
+    "pause": "pause",
+    "unpause": "unpause",
+    "suspend": "suspend",
+    "resume": "resume",
+}
 MOVE_KINDS = ("live-migration", "evacuation", "migration", "resize")
 _AFTER_POWER = {
     "os-stop": ("SHUTOFF", "stopped", 4),
     "os-start": ("ACTIVE", "active", 1),
     "reboot": ("ACTIVE", "active", 1),
+    "pause": ("PAUSED", "paused", 3),
+    "unpause": ("ACTIVE", "active", 1),
+    "suspend": ("SUSPENDED", "suspended", 7),
+    "resume": ("ACTIVE", "active", 1),
 }
 
 
@@ -713,11 +725,17 @@ class Conductor:
                 if seen.get("ok") and seen.get("progress"):
                     await asyncio.to_thread(self._progressed, op, dict(seen["progress"]))
         reply = moving.result()  # no answer: _Wait, and the step runs again (same call id)
+        at_dest = dataclasses.replace(op, host=dest)
+        if not reply.get("ok") and reply.get("code") == "virt.instance.not_found":
+            # The source no longer has it: a repeated call after the guest left (an agent
+            # that restarted forgot the first answer). Where it runs decides, not the error.
+            there = await self._call(at_dest, "running", {}, suffix=f":where{op.attempts}")
+            if op.instance_id in (there.get("instances") or {}):
+                reply = {"ok": True, "already": True}
         if not reply.get("ok"):
             outcome = "cancelled" if "abort" in acted else "failed"
             await asyncio.to_thread(self._to_abort, op, outcome, str(reply.get("error")))
             return False
-        at_dest = dataclasses.replace(op, host=dest)
         done = await self._call(at_dest, "finish_migration", {}, suffix=":finish")
         if not done.get("ok"):
             raise _Wait(f"{dest} did not take the guest: {done.get('error')}", failed=True)

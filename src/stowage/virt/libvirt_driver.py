@@ -426,8 +426,16 @@ class LibvirtDriver:
         guest = guest_for(pins, cells, memory_mb, guest)
         shared = guest.shared_cpus or self.topology.cpu_shared_set
         with self._define_lock:
-            if self._lookup(instance_id) is not None:
-                raise DriverError(f"instance {instance_id} already exists", code="virt.exists")
+            existing = self._lookup(instance_id)
+            if existing is not None:
+                xml = _call(lambda: str(existing.XMLDesc(0)))
+                if is_ours(xml) != instance_id or dedicated_pins(xml) != dict(guest.pins):
+                    raise DriverError(f"instance {instance_id} already exists", code="virt.exists")
+                # The same guest, defined already (a daemon restarted, an agent restores
+                # what the ledger places here): it only needs to run.
+                if not _call(lambda: bool(existing.isActive())):
+                    _call(existing.create)
+                return
             guest_cell_vcpus = check_claim(
                 self.topology,
                 dict(guest.pins),

@@ -109,7 +109,26 @@ async def list_server_migrations(request: Request, server_id: str) -> JSONRespon
         and d.body.get("migration_type") == "live-migration"
         and d.body["status"] in _IN_PROGRESS
     ]
-    return JSONResponse({"migrations": [migration_view(d, mv(request)) for d in docs]})
+    return JSONResponse({"migrations": [_server_migration_view(d, mv(request)) for d in docs]})
+
+
+_PROGRESS = (
+    "memory_total_bytes",
+    "memory_processed_bytes",
+    "memory_remaining_bytes",
+    "disk_total_bytes",
+    "disk_processed_bytes",
+    "disk_remaining_bytes",
+)
+
+
+def _server_migration_view(doc: Document, version: Microversion) -> dict[str, Any]:
+    """A server's live migration with its progress, as the hypervisor last reported it."""
+    view = migration_view(doc, version)
+    view["server_uuid"] = doc.body["instance_uuid"]
+    for key in _PROGRESS:
+        view[key] = int(doc.body.get(key) or 0)
+    return view
 
 
 def _live_migration(request: Request, server_id: str, migration_ref: str) -> Document:
@@ -137,7 +156,7 @@ async def show_server_migration(
         raise ApiError(
             404, f"In-progress live migration {migration_ref} is not found for server {server_id}."
         )
-    return JSONResponse({"migration": migration_view(doc, mv(request))})
+    return JSONResponse({"migration": _server_migration_view(doc, mv(request))})
 
 
 async def _request_on_live_migration(
