@@ -502,15 +502,30 @@ def test_a_servers_security_groups_are_served_at_every_microversion(
     delete(cloud, server["id"])
 
 
-def test_pause_and_suspend_say_the_hypervisor_does_not_do_them(cloud: RunningCloud) -> None:
+def test_pause_and_suspend_are_done_by_the_hypervisor(cloud: RunningCloud) -> None:
+    """Before the fix pause and suspend changed only the record: the guest ran on."""
+    import json
+
+    from tests.e2e.test_seed_stale_migration import sim
+
     server = boot(cloud)
-    paused = cloud.osc("server", "pause", server["id"], check=False)
-    assert paused.returncode != 0
-    assert "does not support" in paused.stderr, paused.stderr
-    for action in ("pause", "suspend", "unpause", "resume"):
+
+    def guest_state() -> str:
+        hosts = json.loads(sim(cloud, "show", "--json"))
+        return next(
+            str(h["instances"][server["id"]]["state"])
+            for h in hosts
+            if server["id"] in h["instances"]
+        )
+
+    for action, status in (("pause", "PAUSED"), ("unpause", "ACTIVE"),
+                           ("suspend", "SUSPENDED"), ("resume", "ACTIVE")):  # fmt: skip
         response = cloud.compute("POST", f"/servers/{server['id']}/action", json={action: None})
-        assert response.status_code == 501, (action, response.text)
-    assert wait_status(cloud, server["id"], {"ACTIVE"})["OS-EXT-STS:power_state"] == 1
+        assert response.status_code == 202, (action, response.text)
+        assert wait_status(cloud, server["id"], {status})["status"] == status
+        assert guest_state() == {"PAUSED": "paused", "SUSPENDED": "suspended"}.get(
+            status, "running"
+        ), action
     delete(cloud, server["id"])
 
 

@@ -524,7 +524,6 @@ async def remove_server(request: Request, server_id: str) -> Response:
 
 
 _POWER_ACTIONS = {"os-stop", "os-start", "reboot", "pause", "unpause", "suspend", "resume"}
-_UNSUPPORTED_POWER = {"pause", "unpause", "suspend", "resume"}
 
 
 async def settled(cloud: Cloud, instance_ids: list[str]) -> None:
@@ -559,14 +558,6 @@ async def server_action(request: Request, server_id: str) -> Response:
     if not ctx.can_write:
         raise ApiError(403, f"Policy doesn't allow os_compute_api:{action} to be performed.")
     rid = request.state.request_id
-    if action in _UNSUPPORTED_POWER:
-        # No driver here pauses or suspends a guest: say so (Nova's 501 for what a driver
-        # does not do), instead of changing the record alone.
-        raise ApiError(
-            501,
-            f"Cannot '{action}' instance {server_id}: the hypervisor of host "
-            f"{doc.body.get('host')} does not support {action}.",
-        )
     if action in _POWER_ACTIONS:
         name = await asyncio.to_thread(
             power_action, cloud, server_id, action, is_admin=ctx.is_admin, request_id=rid
