@@ -444,3 +444,11 @@ def test_a_stale_writer_does_not_undo_another_writers_transition(cloud: Cloud) -
     with pytest.raises(ConflictError, match="task_state"):
         write_instance(cloud, vm, read, {**read, "task_state": "spawning"})
     assert cloud.objects.get("instance", vm).body["task_state"] == "deleting"
+
+
+def test_user_data_reaches_the_hypervisor(cloud: Cloud) -> None:
+    """Before the fix the API stored user_data and the driver port never got it."""
+    from stowage.services.guest_spec import guest_payload
+
+    (vm,) = (d["id"] for d in build_servers(cloud, request(1, user_data="aGVsbG8="), "req"))
+    assert guest_payload(cloud, vm)["user_data"] == "aGVsbG8="

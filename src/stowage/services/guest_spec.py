@@ -33,6 +33,7 @@ def guest_payload(
         "name": str(body.get("name") or ""),
         "image": None,
         "nics": [],
+        "user_data": body.get("user_data"),  # base64, as the API stored it
     }
     image = images.find_image(cloud, str(body.get("image_id") or "")) if body else None
     if image is not None and image.get("status") == "active":
