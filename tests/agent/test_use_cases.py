@@ -452,3 +452,34 @@ def test_user_data_reaches_the_hypervisor(cloud: Cloud) -> None:
 
     (vm,) = (d["id"] for d in build_servers(cloud, request(1, user_data="aGVsbG8="), "req"))
     assert guest_payload(cloud, vm)["user_data"] == "aGVsbG8="
+
+
+def test_a_spawn_the_bus_delivers_after_its_undo_is_refused(tmp_path: Path) -> None:
+    """Found by the simulation (bus-late): a move's spawn on the destination, delivered after
+    the conductor had given up on it and undone the destination, ran anyway: a guest the
+    ledger does not place, on pCPUs it gave another guest."""
+    from stowage.bus.base import compute_topic
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        bus = InProcTransport()
+        driver = SimDriver(SimConfig(disk_bytes=4096), disk_dir=tmp_path / "d")
+        server = AgentServer("h", driver, bus, lambda: None)
+        await server.serve()
+        try:
+            undo = {"instance_id": "vm", "issued_at": 20.0}
+            late = {"instance_id": "vm", "issued_at": 10.0, "pins": {"0": 2}, "cells": [0]}
+            late["memory_mb"] = 256
+            undone = await bus.call(
+                compute_topic("h"), "destroy", undo, op_id="op-1:abort_dest", timeout_s=5
+            )
+            spawned = await bus.call(
+                compute_topic("h"), "spawn", late, op_id="op-1:prepare", timeout_s=5
+            )
+            assert driver.running() == {}
+            return undone, spawned
+        finally:
+            await server.close()
+            await bus.close()
+
+    undone, spawned = asyncio.run(scenario())
+    assert undone["ok"] and (spawned["ok"], spawned["code"]) == (False, "agent.call.stale")

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -76,6 +77,12 @@ _UNLOCKED = frozenset(
     {"console_output", "migration_progress", "abort_migration", "force_complete_migration"}
 )
 _NO_LOCK = contextlib.nullcontext()
+# Calls that change what a host runs: one issued before a call already run is stale.
+_FENCED = frozenset(
+    {"spawn", "destroy", "power_off", "power_on", "reboot", "pause", "unpause", "suspend",
+     "resume"}
+)  # fmt: skip
+_ISSUED_MAX = 100_000
 
 
 class _Crashed(Exception):
@@ -109,6 +116,8 @@ class AgentServer:
         self._locks: dict[str, asyncio.Lock] = {}
         self.crashes = 0
         self.ops_done: dict[str, int] = {}
+        # When the conductor issued the newest call run for each instance (the fence).
+        self._issued: OrderedDict[str, float] = OrderedDict()
         # The last progress of each live migration this host sends, by instance id.
         self.migration_progress: dict[str, dict[str, int]] = {}
 
@@ -167,13 +176,35 @@ class AgentServer:
             try:
                 async with lock:
                     await self._up.wait()
-                    reply = await self._run(method, payload, op_id)
+                    reply = self._stale(method, payload, instance_id) or await self._run(
+                        method, payload, op_id
+                    )
             except (_Crashed, DriverCrashed) as exc:
                 await self._crash(str(exc))
                 continue
             key = f"{method}:{'ok' if reply.get('ok') else 'error'}"
             self.ops_done[key] = self.ops_done.get(key, 0) + 1
             return reply
+
+    def _stale(self, method: str, payload: Payload, instance_id: str) -> Payload | None:
+        """Refuse a call the conductor issued before one this host already ran for the
+        instance (a message the bus delivered late): a spawn arriving after the destroy that
+        undid it would run a guest the ledger no longer places. None: run it."""
+        issued = payload.get("issued_at")
+        if method not in _FENCED or not isinstance(issued, int | float):
+            return None
+        last = self._issued.get(instance_id)
+        if last is not None and issued < last:
+            return {
+                "ok": False,
+                "code": "agent.call.stale",
+                "error": f"{method} of {instance_id} was issued before a call already run here",
+            }
+        self._issued[instance_id] = float(issued)
+        self._issued.move_to_end(instance_id)
+        while len(self._issued) > _ISSUED_MAX:
+            self._issued.popitem(last=False)
+        return None
 
     async def _run(self, method: str, payload: Payload, op_id: str) -> Payload:
         instance_id = str(payload.get("instance_id", ""))

@@ -325,7 +325,8 @@ class Conductor:
             reply = await self.bus.call(
                 compute_topic(op.host),
                 method,
-                {"instance_id": op.instance_id, **payload},
+                # `issued_at`: the agent's fence against a call the bus delivers late.
+                {"instance_id": op.instance_id, "issued_at": self.cloud.clock(), **payload},
                 op_id=op.call_id + suffix,
                 timeout_s=self.config.call_timeout_s,
             )
