@@ -1,0 +1,100 @@
+"""What the simulation finds on today's code, one case per class of failure, each with a seed
+that reproduces it (`stowage sim-test --seed N --faults F` prints the run).
+
+Each case asserts the invariants hold and is expected to fail (strict): the day a fix lands,
+its case passes, pytest reports XPASS as a failure, and the mark comes off. Issue 9 names the
+causes; the lead's rewrite of these use cases is what makes them pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from stowage.simulation.faults import parse_faults
+from stowage.simulation.world import RunConfig, run
+
+FINDINGS = [
+    pytest.param(
+        "api-crash",
+        0,
+        "instance.stuck",
+        id="api-crash-mid-create",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=AssertionError,
+            reason="build_servers commits the instance before its claim and operation: an API "
+            "crash in between leaves a server BUILD/scheduling that no process moves on",
+        ),
+    ),
+    pytest.param(
+        "api-crash",
+        14,
+        "migration.open",
+        id="api-crash-mid-move",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=AssertionError,
+            reason="move() commits the instance, the migration record, the claim and the "
+            "operation in separate transactions: an API crash in between leaves a migration "
+            "pre-migrating with no operation and the server moving for good",
+        ),
+    ),
+    pytest.param(
+        "quota-race",
+        2,
+        "quota.exceeded",
+        id="quota-race",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=AssertionError,
+            reason="the instances quota is checked in the handler, on min_count, outside the "
+            "claim's transaction: concurrent creates and max_count > quota exceed it",
+        ),
+    ),
+    pytest.param(
+        "host-down,evacuate",
+        8,
+        "migration.open",
+        id="evacuate-stops-half-way",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=AssertionError,
+            reason="evacuate_host starts each instance's move in turn and raises at the first it "
+            "cannot move (a BUILD one): those before it stay REBUILD with a pre-migrating "
+            "migration and no operation",
+        ),
+    ),
+    pytest.param(
+        "host-down,evacuate",
+        27,
+        "instance.stuck",
+        id="evacuate-fails-the-build-it-refuses",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=AssertionError,
+            reason="an evacuation of a down host fails the pending build operation of a BUILD "
+            "instance (superseded) and then refuses to move it: BUILD/spawning for good",
+        ),
+    ),
+    pytest.param(
+        "delete-moving",
+        3,
+        "hypervisor.unplaced_guest",
+        id="delete-during-a-move",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=AssertionError,
+            reason="deleting a server while it moves (or waits in VERIFY_RESIZE) leaves its "
+            "guest running on the destination, where the ledger holds nothing",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("faults", "seed", "check"), FINDINGS)
+def test_finding(faults: str, seed: int, check: str) -> None:
+    result = run(RunConfig(seed, faults=parse_faults(faults)))
+    broken = {v.check for v in result.violations}
+    # Today: this invariant breaks (the expected failure); fixed, the run is clean.
+    assert check not in broken, result.report()
+    assert result.ok, result.report()
