@@ -58,17 +58,17 @@ def test_a_replay_in_another_process_gives_the_same_hash() -> None:
 
 def test_cli_fails_on_a_failing_seed_and_prints_how_to_replay() -> None:
     out = subprocess.run(
-        [*CLI, "sim-test", "--seed", "3", "--faults", "default,evacuate"],
+        [*CLI, "sim-test", "--seed", "105", "--faults", "host-down,evacuate"],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "seed 3: FAILED" in out.stdout
+    assert "seed 105: FAILED" in out.stdout
     assert "VIOLATION [instance.stuck]" in out.stdout
-    assert "replay: stowage sim-test --seed 3 --faults" in out.stdout
-    assert "failed seeds: 3" in out.stdout
+    assert "replay: stowage sim-test --seed 105 --faults evacuate,host-down" in out.stdout
+    assert "failed seeds: 105" in out.stdout
 
 
 def test_fault_sets_and_seed_ranges_parse() -> None:

@@ -43,6 +43,10 @@ class FaultyBus:
         s = self.schedule
         rng = s.rng
         lose = reply_lost = False
+
+        def late(options: tuple[float, ...]) -> tuple[float, ...]:
+            return options if s.on(FaultKind.BUS_LATE) else ()
+
         delays = [0.0]
         if self.faults:
             if s.bus_loss_p and rng.random() < s.bus_loss_p:
@@ -51,10 +55,10 @@ class FaultyBus:
                 what = "reply" if reply_lost else "request"
                 s.note(FaultKind.BUS_LOSS, f"{topic}.{method} {op_id}: {what} lost")
             if s.bus_reorder_p and rng.random() < s.bus_reorder_p:
-                delays[0] = rng.choice((0.5, 2.0, timeout_s * 1.5))
+                delays[0] = rng.choice((0.5, 2.0, *late((timeout_s * 1.5,))))
                 s.note(FaultKind.BUS_REORDER, f"{topic}.{method} {op_id}: held {delays[0]} s")
             if s.bus_duplicate_p and rng.random() < s.bus_duplicate_p:
-                delays.append(rng.choice((0.0, 1.0, timeout_s * 2)))
+                delays.append(rng.choice((0.0, 1.0, *late((timeout_s * 2,)))))
                 s.note(FaultKind.BUS_DUPLICATE, f"{topic}.{method} {op_id}: again +{delays[1]} s")
         self.trace(f"call {topic}.{method} {op_id}{' lost' if lose else ''} {delays}")
         deliveries = []

@@ -27,6 +27,7 @@ class FaultKind(StrEnum):
     BUS_LOSS = "bus-loss"  # a request or its reply is lost
     BUS_DUPLICATE = "bus-duplicate"  # a request is delivered twice, the copy later
     BUS_REORDER = "bus-reorder"  # a request is held back, so later ones overtake it
+    BUS_LATE = "bus-late"  # held back or duplicated past the caller's timeout (stale delivery)
     AGENT_CRASH = "agent-crash"  # an agent process dies and restarts (its guests stay)
     HOST_DOWN = "host-down"  # an agent stops (no heartbeat, no work) past service_down_time
     DRIVER_FAULT = "driver-fault"  # a hypervisor step fails or crashes the agent
@@ -42,7 +43,6 @@ ALL_FAULTS = frozenset(FaultKind)
 # What passes on today's code; the others are findings (tests/sim/test_findings.py).
 DEFAULT_FAULTS = frozenset(
     {
-        FaultKind.CONDUCTOR_CRASH,
         FaultKind.BUS_LOSS,
         FaultKind.BUS_DUPLICATE,
         FaultKind.BUS_REORDER,
