@@ -477,6 +477,7 @@ class _Agent:
         self.server: AgentServer | None = None
         self.endpoint: Endpoint | None = None
         self.restart: asyncio.TimerHandle | None = None
+        self.uploads: list[Any] = []
 
     async def start(self) -> None:
         w = self.world
@@ -498,11 +499,29 @@ class _Agent:
                 lag_interval_s=60.0,
                 chunk_bytes=4096,
             ),
-            image_sink=make_upload_sink(cloud),
+            image_sink=self._sink(cloud),
             crash_restart_s=2.0,
         )
         await self.server.serve()
         w.trace(f"agent {host} started")
+
+    def _sink(self, cloud: Cloud) -> Any:
+        base = make_upload_sink(cloud)
+
+        async def sink(image_id: str, payload: dict[str, Any]) -> Any:
+            upload = await base(image_id, payload)
+            self.uploads.append(upload)
+            return upload
+
+        return sink
+
+    def _close_files(self) -> None:
+        """The files a dead process had open are closed by the OS, not by the process."""
+        for upload in self.uploads:
+            file = getattr(getattr(upload, "_upload", None), "_file", None)
+            if file is not None:
+                file.close()
+        self.uploads.clear()
 
     async def crash(self, restart_in: float | None) -> None:
         server, endpoint = self.server, self.endpoint
@@ -511,6 +530,7 @@ class _Agent:
             await endpoint.close()
         if server is not None:
             await server.agent.stop(grace_s=0.0)
+        self._close_files()
         if restart_in is not None:
             loop = asyncio.get_running_loop()
             self.restart = loop.call_later(restart_in, lambda: loop.create_task(self._back()))
