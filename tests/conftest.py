@@ -55,3 +55,12 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'ledger.db'}"
     else:
         yield from pg_schema_url()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--sim-seeds",
+        type=int,
+        default=int(os.environ.get("STOWAGE_SIM_SEEDS", "100")),
+        help="How many seeds tests/sim/test_simulation.py runs (CI: 1000 or more).",
+    )

@@ -864,6 +864,58 @@ def capacity(
         raise typer.Exit(1)
 
 
+@app.command("sim-test")
+def sim_test(
+    seed: Annotated[int | None, typer.Option("--seed", help="Run (replay) one seed.")] = None,
+    seeds: Annotated[
+        str | None, typer.Option("--seeds", help="A range of seeds, A-B (both included).")
+    ] = None,
+    faults: Annotated[
+        str,
+        typer.Option(
+            "--faults",
+            help="Fault classes: default, all, none or a list: default,-bus-loss,+api-crash.",
+        ),
+    ] = "default",
+    db: Annotated[
+        str | None,
+        typer.Option("--db", help="A PostgreSQL URL: each run gets a schema of its own there."),
+    ] = None,
+    requests: Annotated[int, typer.Option("--requests", help="Client requests per run.")] = 12,
+    trace: Annotated[bool, typer.Option("--trace", help="Print each run's trace.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Report passing runs too.")] = False,
+) -> None:
+    """Deterministic simulation of the whole control plane; exit 1 when a seed fails."""
+    from stowage.simulation.faults import parse_faults
+    from stowage.simulation.runner import parse_seeds, run_seeds
+    from stowage.simulation.world import RunResult
+
+    try:
+        chosen = range(seed, seed + 1) if seed is not None else parse_seeds(seeds or "0-99")
+        kinds = parse_faults(faults)
+    except ValueError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+    import logging
+
+    # The runs' own logs (injected crashes, retries) would drown the reports.
+    logging.getLogger("stowage").setLevel(logging.CRITICAL)
+
+    def report(result: RunResult) -> None:
+        if trace:
+            typer.echo("\n".join(result.trace))
+        if verbose or trace or not result.ok or len(chosen) == 1:
+            typer.echo(result.report())
+            typer.echo(f"  trace hash {result.trace_hash}")
+
+    summary = run_seeds(chosen, kinds, db_url=db, requests=requests, report=report)
+    typer.echo(summary.figures())
+    if summary.failed:
+        typer.echo("failed seeds: " + " ".join(str(r.seed) for r in summary.failed))
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

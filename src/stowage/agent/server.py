@@ -80,7 +80,7 @@ _NO_LOCK = contextlib.nullcontext()
 # Calls that change what a host runs: one issued before a call already run is stale.
 _FENCED = frozenset(
     {"spawn", "destroy", "power_off", "power_on", "reboot", "pause", "unpause", "suspend",
-     "resume"}
+     "resume", "prepare_migration", "live_migrate", "finish_migration", "rollback_migration"}
 )  # fmt: skip
 _ISSUED_MAX = 100_000
 

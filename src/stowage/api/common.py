@@ -346,12 +346,24 @@ def _in_worker_thread(endpoint: Endpoint) -> Endpoint:
     return call
 
 
+class _ThreadLoop:
+    """A worker thread's own event loop, closed when the thread ends (its thread-local
+    storage goes, and this with it): nothing is left for the garbage collector to warn of."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def __del__(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.close()
+
+
 def _thread_loop() -> asyncio.AbstractEventLoop:
-    loop: asyncio.AbstractEventLoop | None = getattr(_THREAD, "loop", None)
-    if loop is None:
-        loop = asyncio.new_event_loop()
-        _THREAD.loop = loop
-    return loop
+    held: _ThreadLoop | None = getattr(_THREAD, "loop", None)
+    if held is None:
+        held = _ThreadLoop()
+        _THREAD.loop = held
+    return held.loop
 
 
 def _body_first(route: APIRoute) -> Callable[[], Callable[[Request], Awaitable[Response]]]:

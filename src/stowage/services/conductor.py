@@ -141,6 +141,11 @@ def claim_of(cloud: Cloud, consumer_id: str) -> dict[str, Any] | None:
         }
 
 
+def _monotonic() -> float:
+    """The running loop's clock: time.monotonic() on asyncio's loops, virtual in the simulation."""
+    return asyncio.get_running_loop().time()
+
+
 class _Wait(Exception):
     """Try the step again later, holding everything: its outcome is unknown, or (`failed`)
     the agent said it failed and the next try is a new call."""
@@ -186,12 +191,12 @@ class Conductor:
             taken = await asyncio.to_thread(self.ops.take_over, self.owner)
             if taken:
                 log.info("conductor %s resumes %d operation(s)", self.owner, taken)
-        renewed_at = time.monotonic()
-        confirmed_at = time.monotonic()
+        renewed_at = _monotonic()
+        confirmed_at = _monotonic()
         try:
             while True:
                 await self._lease_and_start()
-                now = time.monotonic()
+                now = _monotonic()
                 if now - renewed_at > self.config.lease_s / 3:
                     renewed_at = now
                     await asyncio.to_thread(
@@ -260,8 +265,8 @@ class Conductor:
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until no operation is active (tests and shutdown); True when drained."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        deadline = _monotonic() + timeout_s
+        while _monotonic() < deadline:
             if not await asyncio.to_thread(self.ops.active):
                 return True
             self.kick()
@@ -669,15 +674,15 @@ class Conductor:
     async def _step_transfer(self, op: Operation) -> None:
         """A live migration's memory copy: `live_migration_transfer_s` on the simulated
         hypervisor, ended early by force-complete (2.22) or by an abort (2.24)."""
-        deadline = time.monotonic() + self.config.live_migration_transfer_s
+        deadline = _monotonic() + self.config.live_migration_transfer_s
         while True:
             record = await asyncio.to_thread(self._record, op)
             if record.get("abort"):
                 await asyncio.to_thread(self._to_abort, op, "cancelled", "aborted by request")
                 return
-            if record.get("force_complete") or time.monotonic() >= deadline:
+            if record.get("force_complete") or _monotonic() >= deadline:
                 break
-            await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            await asyncio.sleep(min(0.1, max(0.0, deadline - _monotonic())))
         if not await self._migrate_live(op):
             return
         record = await asyncio.to_thread(self._record, op)

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -91,8 +91,15 @@ class SimDriver:
     reads do real IO; `slow_disk_s` adds a blocking sleep per chunk on top.
     """
 
-    def __init__(self, config: SimConfig | None = None, disk_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: SimConfig | None = None,
+        disk_dir: Path | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.config = config or SimConfig()
+        self._sleep = sleep  # the simulation passes its virtual clock's
         self._own_dir = disk_dir is None
         self.disk_dir = (
             Path(tempfile.mkdtemp(prefix="stowage-sim-")) if disk_dir is None else disk_dir
@@ -401,7 +408,7 @@ class SimDriver:
             while True:
                 self._step("read_disk", "read")
                 if self.config.slow_disk_s > 0:
-                    time.sleep(self.config.slow_disk_s)  # a saturated disk: the read blocks
+                    self._sleep(self.config.slow_disk_s)  # a saturated disk: the read blocks
                 chunk = f.read(chunk_bytes)
                 if not chunk:
                     return
@@ -429,7 +436,7 @@ class SimDriver:
         latency = self.config.step_latency_s
         delay_s = latency.get(f"{operation}.{step}", latency.get(step, 0.0))
         if delay_s > 0:
-            time.sleep(delay_s)
+            self._sleep(delay_s)
         fault = self._take_fault(operation, step)
         if fault is None:
             return
