@@ -463,9 +463,18 @@ def test_a_spawn_the_bus_delivers_after_its_undo_is_refused(tmp_path: Path) -> N
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         bus = InProcTransport()
         driver = SimDriver(SimConfig(disk_bytes=4096), disk_dir=tmp_path / "d")
-        server = AgentServer("h", driver, bus, lambda: None)
+        server = AgentServer("h", driver, bus, lambda: None, clock=lambda: 0.0)
         await server.serve()
         try:
+            early = {"instance_id": "vm", "issued_at": -1.0}  # before the agent started
+            before_start = await bus.call(
+                compute_topic("h"),
+                "spawn",
+                {**early, "pins": {"0": 2}, "cells": [0], "memory_mb": 256},
+                op_id="op-0:spawn",
+                timeout_s=5,
+            )
+            assert before_start["code"] == "agent.call.stale"
             undo = {"instance_id": "vm", "issued_at": 20.0}
             late = {"instance_id": "vm", "issued_at": 10.0, "pins": {"0": 2}, "cells": [0]}
             late["memory_mb"] = 256

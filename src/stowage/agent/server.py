@@ -103,8 +103,13 @@ class AgentServer:
         image_sink: ImageSink | None = None,
         crash_restart_s: float = 1.0,
         reconcile: Callable[[], Awaitable[Payload]] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.host = host
+        self.clock = clock
+        # Calls issued before this process started are stale (the fence forgets with a
+        # restart, and a conductor re-issues what still matters, with a new time).
+        self._issued_floor = clock()
         self.driver = driver
         self.bus = bus
         self.image_sink = image_sink
@@ -157,6 +162,8 @@ class AgentServer:
         )
         self.stop()
         await asyncio.sleep(self.crash_restart_s)
+        self._issued.clear()
+        self._issued_floor = self.clock()
         self.start()
 
     # -- operations ------------------------------------------------------------------
@@ -193,8 +200,8 @@ class AgentServer:
         issued = payload.get("issued_at")
         if method not in _FENCED or not isinstance(issued, int | float):
             return None
-        last = self._issued.get(instance_id)
-        if last is not None and issued < last:
+        last = self._issued.get(instance_id, self._issued_floor)
+        if issued < last:
             return {
                 "ok": False,
                 "code": "agent.call.stale",

@@ -326,6 +326,12 @@ class Conductor:
         self, op: Operation, method: str, payload: dict[str, Any], *, suffix: str = ""
     ) -> Reply:
         """The agent's answer to this step; `_Wait` when there is none in time."""
+        # Checked right before the call: an operation a delete (or any writer) ended while
+        # this step ran sends nothing more to the agent (a spawn after the delete's destroy
+        # would run a guest the ledger no longer places).
+        current = await asyncio.to_thread(self.ops.find, op.id)
+        if current is None or current.finished:
+            raise NotFound(f"operation {op.id} ended before its {method} was sent")
         try:
             reply = await self.bus.call(
                 compute_topic(op.host),
@@ -339,6 +345,10 @@ class Conductor:
             return {"ok": False, "code": exc.kind, "error": exc.message}
         except BusError as exc:
             raise _Wait(f"{op.host}: {exc}") from None
+        if reply.get("code") == "agent.call.stale":
+            # The agent ran a newer call for the instance, or restarted after this one was
+            # issued: nothing ran; the step is tried again as a new call.
+            raise _Wait(f"{op.host}: {reply.get('error')}", failed=True)
         return reply
 
     async def _step(self, op: Operation) -> None:

@@ -501,6 +501,7 @@ class _Agent:
             ),
             image_sink=self._sink(cloud),
             crash_restart_s=2.0,
+            clock=w.clock,
         )
         await self.server.serve()
         w.trace(f"agent {host} started")
@@ -935,6 +936,15 @@ def _patched(module: Any, name: str, value: Any) -> Any:
         setattr(module, name, original)
 
 
+def _sabotage(cloud: Cloud, world: _World) -> None:
+    """The checkers' own test: a migration record written behind every use case's back,
+    resting in a status that holds the destination with no operation to end it."""
+    cloud.objects.create(
+        "migration", "sabotaged", {"instance_uuid": "none", "status": "pre-migrating"}
+    )
+    world.trace("sabotage: a migration with no operation")
+
+
 def run(cfg: RunConfig) -> RunResult:
     """One run from its seed; the same seed and faults give the same trace, every time."""
     try:
@@ -977,6 +987,8 @@ def _run(cfg: RunConfig) -> RunResult:
                     await world.main()
                     world.summary()
                     subject = world.subject()
+                    if FaultKind.SABOTAGE in cfg.faults:
+                        _sabotage(subject.cloud, world)
                     try:
                         return check_all(subject)
                     finally:
