@@ -42,19 +42,8 @@ class FaultKind(StrEnum):
 
 ALL_FAULTS = frozenset(FaultKind) - {FaultKind.SABOTAGE}
 
-# What passes on today's code; the others are findings (tests/sim/test_findings.py).
-DEFAULT_FAULTS = frozenset(
-    {
-        FaultKind.BUS_LOSS,
-        FaultKind.BUS_DUPLICATE,
-        FaultKind.BUS_REORDER,
-        FaultKind.AGENT_CRASH,
-        FaultKind.HOST_DOWN,
-        FaultKind.DRIVER_FAULT,
-        FaultKind.SLOW_DISK,
-        FaultKind.CONCURRENT,
-    }
-)
+# Every fault class: each finding the simulation made is fixed (tests/sim/test_findings.py).
+DEFAULT_FAULTS = ALL_FAULTS
 
 
 def parse_faults(text: str) -> frozenset[FaultKind]:
