@@ -9,7 +9,7 @@ from typing import Any
 from stowage.api.common import ApiError
 from stowage.ledger.objects import Document
 
-__all__ = ["page", "page_migrations"]
+__all__ = ["page", "page_migrations", "query_stamp"]
 
 Version = tuple[int, int]
 
@@ -26,7 +26,8 @@ def _limit(raw: str | None, what: str = "limit") -> int | None:
     return value
 
 
-def _stamp(raw: str, what: str) -> float:
+def query_stamp(raw: str, what: str) -> float:
+    """An ISO 8601 time of a query parameter (UTC when it names no zone), or Nova's 400."""
     try:
         when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except ValueError:
@@ -61,12 +62,12 @@ def page_migrations(
         return docs, []
     since = query.get("changes-since")
     if since:
-        after = _stamp(since, "changes-since")
+        after = query_stamp(since, "changes-since")
         docs = [d for d in docs if d.updated_at >= after]
     before_raw = query.get("changes-before") if version >= (2, 66) else None
     if before_raw:
-        before = _stamp(before_raw, "changes-before")
-        if since and _stamp(since, "changes-since") > before:
+        before = query_stamp(before_raw, "changes-before")
+        if since and query_stamp(since, "changes-since") > before:
             raise ApiError(
                 400, "The value of changes-since must be less than or equal to changes-before."
             )

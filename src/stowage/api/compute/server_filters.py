@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from stowage.api.common import ApiError, Context
+from stowage.api.compute.paging import query_stamp
 from stowage.ledger.objects import Document
 
 __all__ = ["all_tenants_asked", "filter_servers", "sort_servers"]
@@ -60,16 +61,6 @@ def all_tenants_asked(ctx: Context, query: Any) -> bool:
             "Policy doesn't allow os_compute_api:servers:index:get_all_tenants to be performed.",
         )
     return wanted
-
-
-def _iso_stamp(raw: str, what: str) -> float:
-    try:
-        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise ApiError(400, f"Invalid input for query parameters {what}. Value: {raw}.") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return when.timestamp()
 
 
 def _regex(pattern: str, value: Any) -> bool:
@@ -124,9 +115,9 @@ def filter_servers(
         pattern = query["description"]
         checks.append(lambda d: _regex(pattern, d.body.get("description")))
     if version >= (2, 66) and query.get("changes-before"):
-        before = _iso_stamp(query["changes-before"], "changes-before")
+        before = query_stamp(query["changes-before"], "changes-before")
         since = query.get("changes-since")
-        if since and _iso_stamp(since, "changes-since") > before:
+        if since and query_stamp(since, "changes-since") > before:
             raise ApiError(
                 400, "The value of changes-since must be less than or equal to changes-before."
             )
