@@ -371,7 +371,9 @@ def _body_first(route: APIRoute) -> Callable[[], Callable[[Request], Awaitable[R
     is given) on the event loop before the handler runs in its thread."""
 
     def get_route_handler() -> Callable[[Request], Awaitable[Response]]:
-        handler = APIRoute.get_route_handler(route)
+        # The route's own class (a router's route_class may translate errors), not the
+        # instance attribute this replaces.
+        handler = type(route).get_route_handler(route)
 
         async def read_then_handle(request: Request) -> Response:
             await request.body()
