@@ -371,6 +371,8 @@ def restore_guests(cloud: Cloud, host: str, driver: Driver) -> list[str]:
     reconciler then reports it missing).
     """
     from stowage.services.conductor import claim_of
+    from stowage.services.guest_spec import guest_payload
+    from stowage.virt.driver import Guest
 
     present = driver.running()
     restored = []
@@ -381,8 +383,15 @@ def restore_guests(cloud: Cloud, host: str, driver: Driver) -> list[str]:
         if claim is None:
             continue
         pins = {int(k): int(v) for k, v in claim["pins"].items()}
+        # The whole guest, as the conductor sends it (a shared-CPU flavor's vCPUs are not in
+        # the claim); a move's destination end has the migration's flavor.
+        record = (
+            cloud.objects.find("migration", consumer_id) if consumer_id != instance_id else None
+        )
+        flavor = record.body.get("new_flavor") if record is not None else None
+        guest = Guest.from_payload({**guest_payload(cloud, instance_id, flavor=flavor), **claim})
         try:
-            driver.spawn(instance_id, pins, claim["cells"], claim["memory_mb"])
+            driver.spawn(instance_id, pins, claim["cells"], claim["memory_mb"], guest)
             doc = cloud.objects.find("instance", instance_id)
             if doc is not None and doc.body.get("vm_state") == "stopped":
                 driver.power_off(instance_id)
