@@ -573,7 +573,9 @@ def _libvirt_agent_driver(
     def cpus(text: str | None, what: str) -> frozenset[int] | None:
         return None if text is None else parse_cpu_set(text, what=what)
 
-    if virt_type is None:
+    if virt_type is None and uri.startswith("qemu"):
+        # Only QEMU offers kvm and qemu; another libvirt driver (test:///default, ...) offers
+        # its own type, which the driver picks.
         virt_type = "kvm" if kvm_makes_progress() else "qemu"
     try:
         return make_driver(
