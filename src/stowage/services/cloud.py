@@ -23,7 +23,7 @@ from stowage.ledger.operations import Operations
 from stowage.services.images import bootstrap_images
 from stowage.services.networks import bootstrap_networks
 from stowage.services.scheduler import Scheduler
-from stowage.services.tokens import Tokens, hash_password, verify_password
+from stowage.services.tokens import Tokens, hash_password
 
 __all__ = ["Cloud", "CloudConfig", "bootstrap"]
 
@@ -109,14 +109,6 @@ class Cloud:
             if domain_id is None or doc.body.get("domain_id", DEFAULT_DOMAIN) == domain_id:
                 return doc
         raise NotFound(f"Could not find {kind}: {name}.")
-
-    def authenticate(self, user_id: str, password: str) -> Document | None:
-        user = self.objects.find("user", user_id)
-        if user is None or not user.body.get("enabled", True):
-            return None
-        if not verify_password(password, user.body.get("password_hash", "")):
-            return None
-        return user
 
     def roles_of(self, user_id: str, project_id: str) -> tuple[str, ...]:
         names = []

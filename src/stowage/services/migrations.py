@@ -33,7 +33,7 @@ from stowage.ledger.operations import Operation
 from stowage.ledger.schema import hosts
 from stowage.scheduling.framework import Request
 from stowage.services.cloud import Cloud
-from stowage.services.compute import record_action, shape_of_flavor, take_instance
+from stowage.services.compute import instance_hosts, record_action, shape_of_flavor, take_instance
 
 __all__ = [
     "MoveResult",
@@ -260,7 +260,7 @@ def schedule_moves(cloud: Cloud, ops: Sequence[Operation]) -> None:
             continue
         by_migration[op.migration_id] = op
         requests.append(request)
-    names = {row.id: row.name for row in _hosts_table(cloud)}  # read before the commit opens
+    names = instance_hosts(cloud)  # read before the commit opens
 
     def placed(conn: Connection, claim: Any) -> None:
         op = by_migration[claim.consumer_id]
@@ -400,16 +400,6 @@ def planned(cloud: Cloud, result: MoveResult, timeout_s: float) -> MoveResult:
         if record.get("dest_compute") or record["status"] in ENDED or time.monotonic() > deadline:
             return now
         time.sleep(0.01)
-
-
-def _hosts_table(cloud: Cloud) -> list[Any]:
-    with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
-        return list(conn.execute(select(hosts.c.id, hosts.c.name)))
-
-
-def _name_of(cloud: Cloud, host_id: int) -> str:
-    with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
-        return str(conn.execute(select(hosts.c.name).where(hosts.c.id == host_id)).scalar_one())
 
 
 def _fail_start(cloud: Cloud, op: Operation, reason: str) -> None:
