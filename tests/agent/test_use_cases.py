@@ -405,6 +405,34 @@ def test_group_members_are_counted_against_their_quota(cloud: Cloud) -> None:
         build_servers(cloud, request(1, group_id="g"), "req-g2")
 
 
+def test_cores_and_ram_are_summed_by_the_database(cloud: Cloud) -> None:
+    """Usage is summed in SQL now (it parsed every document in Python per create): the
+    documents' vCPUs and RAM still count, per project, against each limit."""
+    big = {**SHARED, "id": "s2", "name": "shared.2", "vcpus": 2, "ram": 1024}
+    cloud.objects.create("quota", "p", {"instances": -1, "cores": 5, "ram": -1})
+    assert len(build_servers(cloud, request(9, flavor=big), "req-cores")) == 2  # 4 of 5
+    with pytest.raises(QuotaExceeded, match="cores"):
+        build_servers(cloud, request(1, flavor=big), "req-cores-2")
+    assert len(build_servers(cloud, request(3), "req-cores-3")) == 1  # the fifth core
+    cloud.objects.create("quota", "q", {"instances": -1, "cores": -1, "ram": 2500})
+    assert len(build_servers(cloud, request(9, flavor=big, project="q"), "req-ram")) == 2
+    with pytest.raises(QuotaExceeded, match="ram"):
+        build_servers(cloud, request(1, flavor=big, project="q"), "req-ram-2")
+
+
+def test_group_members_are_counted_when_nothing_else_is_limited(cloud: Cloud) -> None:
+    """With every other limit off, the create counts only the group's members."""
+    cloud.objects.create(
+        "quota", "p", {"instances": -1, "cores": -1, "ram": -1, "server_group_members": 2}
+    )
+    create_server_group(cloud, parse_group("g", "g", "soft-anti-affinity", project_id="p"))
+    assert len(build_servers(cloud, request(1), "req-free")) == 1  # not a member
+    assert len(build_servers(cloud, request(5, group_id="g"), "req-g")) == 2
+    with pytest.raises(QuotaExceeded, match="too many servers in group"):
+        build_servers(cloud, request(1, group_id="g"), "req-g2")
+    assert len(build_servers(cloud, request(20), "req-many")) == 20  # no other limit
+
+
 def test_deleting_one_instance_of_a_create_before_it_is_scheduled_spares_the_others(
     cloud: Cloud, tmp_path: Path
 ) -> None:

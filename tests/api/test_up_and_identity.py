@@ -77,6 +77,21 @@ def test_a_revoked_token_is_refused(cloud: RunningCloud) -> None:
     )
 
 
+def test_a_token_revoked_after_use_is_refused_at_once(cloud: RunningCloud) -> None:
+    """Validated tokens are cached briefly (services/tokens.py ValidationCache); a revocation
+    in this process drops the cache, so the next request with the token is a 401."""
+    admin = cloud.token()
+    victim = cloud.token()
+    flavors = f"{cloud.base_url}/compute/v2.1/flavors"
+    for _ in range(2):  # validated, then served from the cache
+        assert httpx.get(flavors, headers={"X-Auth-Token": victim}).status_code == 200
+    url = f"{cloud.base_url}/identity/v3/auth/tokens"
+    headers = {"X-Auth-Token": admin, "X-Subject-Token": victim}
+    assert httpx.delete(url, headers=headers).status_code == 204
+    assert httpx.get(flavors, headers={"X-Auth-Token": victim}).status_code == 401
+    assert httpx.get(flavors, headers={"X-Auth-Token": admin}).status_code == 200
+
+
 def test_a_second_up_on_a_busy_port_says_so(cloud: RunningCloud, tmp_path: Path) -> None:
     port = cloud.base_url.rsplit(":", 1)[1]
     result = subprocess.run(

@@ -17,7 +17,19 @@ def cloud_of(request: Request) -> Cloud:
 
 
 def context_from_token(cloud: Cloud, token: str) -> Context:
-    """Validate a token (signature, expiry, revocation, user still enabled) into a context."""
+    """Validate a token (signature, expiry, revocation, user still enabled) into a context
+    (the cloud's `validated_tokens` remembers it briefly: services/tokens.py)."""
+    cache = cloud.validated_tokens
+    known = cache.get(token)
+    if isinstance(known, Context) and known.expires_at > cloud.tokens.clock():
+        return known
+    generation = cache.generation
+    ctx = _validate(cloud, token)
+    cache.put(token, ctx, generation)
+    return ctx
+
+
+def _validate(cloud: Cloud, token: str) -> Context:
     try:
         payload = cloud.tokens.validate(token)
     except TokenError as exc:

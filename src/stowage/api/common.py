@@ -15,8 +15,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute, request_response
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from stowage.api.asgi import OnResponse, ResponseHeaders
 from stowage.domain.errors import (
     ConflictError,
     InvalidSpec,
@@ -174,17 +176,18 @@ def install_common(app: FastAPI, style: ErrorStyle, *, extra_headers: bool = Fal
             style(status, message, code, request_id), status_code=status, headers=headers
         )
 
-    @app.middleware("http")
-    async def request_id(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
+    def request_id(request: Request) -> OnResponse:
         rid = request.headers.get("x-openstack-request-id") or f"req-{uuid.uuid4()}"
         request.state.request_id = rid
-        response = await call_next(request)
-        response.headers["x-openstack-request-id"] = rid
-        if extra_headers:
-            response.headers["x-compute-request-id"] = rid
-        return response
+
+        def stamp(status: int, headers: MutableHeaders) -> None:
+            headers["x-openstack-request-id"] = rid
+            if extra_headers:
+                headers["x-compute-request-id"] = rid
+
+        return stamp
+
+    app.add_middleware(ResponseHeaders, enter=request_id)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from alembic import command
 from alembic.config import Config
@@ -63,11 +64,90 @@ def _tune_sqlite(engine: Engine) -> None:
         cursor.execute("PRAGMA temp_store=MEMORY")
         cursor.close()
 
+    writers = _WriterGate.of(engine)
+
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         # A write transaction takes the lock at BEGIN, so it never fails on lock upgrade.
         readonly = conn.get_execution_options().get("stowage_readonly", False)
-        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+        if readonly:
+            conn.exec_driver_sql("BEGIN")
+            return
+        raw = conn.connection.dbapi_connection
+        writers.enter(raw)
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        except BaseException:
+            writers.leave(raw)
+            raise
+
+
+class _WriterGate:
+    """The writers of one SQLite file in this process take turns at a lock of their own.
+
+    SQLite's busy handler makes a writer that finds the file locked sleep (1, 2, 5 ... 100
+    ms) and look again: under load the lock sits free while its waiters sleep, and the
+    latency of a write grows with the number of threads that want one. Waiting here instead
+    hands the lock over at once. Reentrant, so a thread (or the simulation's greenlets, on one
+    thread) that opens a second write transaction meets SQLite's own lock as before; bounded,
+    so a holder that never ends its transaction only brings SQLite's wait back. Other
+    processes on the same file still meet SQLite's lock.
+    """
+
+    _gates: ClassVar[dict[str, _WriterGate]] = {}
+    _gates_lock: ClassVar[threading.Lock] = threading.Lock()
+    wait_s: ClassVar[float] = 60.0
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._holders: set[int] = set()
+
+    @classmethod
+    def of(cls, engine: Engine) -> _WriterGate:
+        database = engine.url.database or ""
+        memory = database in ("", ":memory:") or database.startswith("file::memory:")
+        key = f"memory:{id(engine)}" if memory else str(Path(database).resolve())
+        with cls._gates_lock:
+            gate = cls._gates.get(key)
+            if gate is None:
+                gate = cls._gates[key] = cls()
+        gate._wrap(engine.dialect)
+        return gate
+
+    def enter(self, raw: Any) -> None:
+        if self._lock.acquire(timeout=self.wait_s):
+            self._holders.add(id(raw))
+
+    def leave(self, raw: Any) -> None:
+        if id(raw) in self._holders:
+            self._holders.discard(id(raw))
+            self._lock.release()
+
+    def _wrap(self, dialect: Any) -> None:
+        """Leave the gate once the DBAPI connection's transaction has ended (its commit or
+        rollback, the pool's reset included) or the connection is closed."""
+        if getattr(dialect, "_stowage_gate", None) is self:
+            return
+        dialect._stowage_gate = self
+        for name in ("do_commit", "do_rollback", "do_close", "do_terminate"):
+            original = getattr(dialect, name)
+
+            def ended(fairy: Any, _original: Any = original, _name: str = name) -> None:
+                raw = getattr(fairy, "dbapi_connection", fairy)
+                try:
+                    _original(fairy)
+                finally:
+                    if raw is not None and (_name in ("do_close", "do_terminate") or _ended(raw)):
+                        self.leave(raw)
+
+            setattr(dialect, name, ended)
+
+
+def _ended(raw: Any) -> bool:
+    try:
+        return not raw.in_transaction
+    except Exception:  # a closed connection holds no transaction
+        return True
 
 
 def alembic_config(url: str) -> Config:

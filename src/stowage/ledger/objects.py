@@ -35,6 +35,18 @@ class ObjectStore:
     def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time) -> None:
         self.engine = engine
         self.clock = clock
+        self._watchers: list[tuple[frozenset[str], Callable[[], None]]] = []
+
+    def watch(self, kinds: Iterable[str], changed: Callable[[], None]) -> None:
+        """Call `changed()` whenever this store writes a document of one of `kinds`: as the
+        write is made, and once more after its commit where this store commits it (a cache
+        of what these documents say is dropped before and after the new version is seen)."""
+        self._watchers.append((frozenset(kinds), changed))
+
+    def _changed(self, kind: str) -> None:
+        for kinds, changed in self._watchers:
+            if kind in kinds:
+                changed()
 
     def create(
         self,
@@ -47,9 +59,11 @@ class ObjectStore:
     ) -> Document:
         try:
             with self.engine.begin() as conn:
-                return self.create_in(conn, kind, id, body, project_id=project_id, name=name)
+                created = self.create_in(conn, kind, id, body, project_id=project_id, name=name)
         except IntegrityError:
             raise ConflictError(f"{kind} {id} already exists") from None
+        self._changed(kind)
+        return created
 
     def create_in(
         self,
@@ -62,6 +76,7 @@ class ObjectStore:
         name: str | None = None,
     ) -> Document:
         """`create` inside a transaction the caller holds (an existing id fails the commit)."""
+        self._changed(kind)
         now = self.clock()
         conn.execute(
             insert(objects),
@@ -107,10 +122,12 @@ class ObjectStore:
             values["project_id"] = project_id
         if name is not None:
             values["name"] = name
+        self._changed(kind)
         with self.engine.begin() as conn:
             changed = conn.execute(
                 update(objects).where(objects.c.kind == kind, objects.c.id == id).values(**values)
             ).rowcount
+        self._changed(kind)
         if not changed:
             raise NotFound(f"{kind} {id} could not be found")
         return self.get(kind, id)
@@ -129,6 +146,7 @@ class ObjectStore:
         `keep` names fields whose stored values win over `body`'s: requests that another
         writer may have set since `body` was read (an abort of a migration in flight).
         """
+        self._changed(kind)
         if keep:
             current = conn.execute(
                 select(objects.c.body)
@@ -152,12 +170,15 @@ class ObjectStore:
         Two requests that read the same instance and both decide to act on it: one wins.
         """
         with self.engine.begin() as conn:
-            return self.swap_in(conn, kind, id, old, new)
+            swapped = self.swap_in(conn, kind, id, old, new)
+        self._changed(kind)
+        return swapped
 
     def swap_in(
         self, conn: Connection, kind: str, id: str, old: Mapping[str, Any], new: Mapping[str, Any]
     ) -> bool:
         """`swap` inside a transaction the caller holds."""
+        self._changed(kind)
         return bool(
             conn.execute(
                 update(objects)
@@ -186,12 +207,14 @@ class ObjectStore:
                 return value
 
     def rename_in(self, conn: Connection, kind: str, id: str, name: str) -> None:
+        self._changed(kind)
         conn.execute(
             update(objects).where(objects.c.kind == kind, objects.c.id == id).values(name=name)
         )
 
     def delete_in(self, conn: Connection, kind: str, id: str) -> bool:
         """Delete a document inside a transaction the caller holds."""
+        self._changed(kind)
         return bool(
             conn.execute(delete(objects).where(objects.c.kind == kind, objects.c.id == id)).rowcount
         )
@@ -217,12 +240,15 @@ class ObjectStore:
         return found
 
     def delete(self, kind: str, id: str) -> bool:
+        self._changed(kind)
         with self.engine.begin() as conn:
-            return bool(
+            deleted = bool(
                 conn.execute(
                     delete(objects).where(objects.c.kind == kind, objects.c.id == id)
                 ).rowcount
             )
+        self._changed(kind)
+        return deleted
 
     def list(
         self,

@@ -23,7 +23,7 @@ from stowage.ledger.operations import Operations
 from stowage.services.images import bootstrap_images
 from stowage.services.networks import bootstrap_networks
 from stowage.services.scheduler import Scheduler
-from stowage.services.tokens import Tokens, hash_password
+from stowage.services.tokens import Tokens, ValidationCache, hash_password
 
 __all__ = ["Cloud", "CloudConfig", "bootstrap"]
 
@@ -93,6 +93,9 @@ class Cloud:
         self.clock = clock
         self.objects = ObjectStore(ledger.engine, clock=clock)
         self.tokens = Tokens(_token_key(config.state_dir), clock=clock)
+        # What validated tokens said, dropped on any change to what validation reads.
+        self.validated_tokens = ValidationCache()
+        self.objects.watch(("revoked_token", "user", "project"), self.validated_tokens.changed)
         self.scheduler = Scheduler(ledger, clock=clock)
         # One scheduling decision cycle at a time per process; several processes may still race.
         self.schedule_lock = threading.Lock()

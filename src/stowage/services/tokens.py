@@ -8,13 +8,21 @@ import hmac
 import json
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from cryptography.fernet import Fernet, InvalidToken
 
-__all__ = ["TokenError", "TokenPayload", "Tokens", "hash_password", "verify_password"]
+__all__ = [
+    "TokenError",
+    "TokenPayload",
+    "Tokens",
+    "ValidationCache",
+    "hash_password",
+    "verify_password",
+]
 
 _SCRYPT_N = 2**14  # slow enough to make guessing expensive, fast enough for a CLI per call
 _SCRYPT_R = 8
@@ -134,3 +142,57 @@ class Tokens:
         if payload.expires_at <= self.clock():
             raise TokenError("The token has expired.")
         return payload
+
+
+class ValidationCache:
+    """Tokens validated lately, so a request does not read the database three times (the
+    revocation list, the user, the project) to learn what the last one learned.
+
+    An entry lives `ttl_s` at most, and none outlives a change this process makes to a
+    revocation, a user or a project (the document store calls `changed()`): a token revoked
+    or a user disabled here is refused at once. A change made by another process (another API
+    worker) is seen within `ttl_s`, as keystonemiddleware's token cache does (for 300 s by
+    default there). A validation that began before a change is not cached after it.
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl_s: float = 2.0,
+        size_max: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl_s = ttl_s
+        self.size_max = size_max
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[float, object]] = {}
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        """Read before validating; hand it to `put`."""
+        return self._generation
+
+    def get(self, token: str) -> object | None:
+        entry = self._entries.get(token)
+        if entry is None:
+            return None
+        if self.clock() - entry[0] > self.ttl_s:
+            with self._lock:
+                self._entries.pop(token, None)
+            return None
+        return entry[1]
+
+    def put(self, token: str, value: object, generation: int) -> None:
+        with self._lock:
+            if generation != self._generation or self.ttl_s <= 0:
+                return  # something changed while it was validated
+            if len(self._entries) >= self.size_max:
+                self._entries.clear()
+            self._entries[token] = (self.clock(), value)
+
+    def changed(self) -> None:
+        with self._lock:
+            self._generation += 1
+            self._entries.clear()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import MutableHeaders
 
+from stowage.api.asgi import OnResponse, ResponseHeaders
 from stowage.api.common import compute_error
 
 __all__ = ["MAX_VERSION", "MIN_VERSION", "Microversion", "install_microversions", "mv"]
@@ -48,26 +48,29 @@ def mv(request: Request) -> Microversion:
 
 
 def install_microversions(app: FastAPI) -> None:
-    @app.middleware("http")
-    async def negotiate(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        raw = requested(request)
-        version = Microversion(MIN_VERSION) if raw is None else _parse(raw)
-        if version is None or not MIN_VERSION <= version <= MAX_VERSION:
-            message = (
-                f"Version {raw} is not supported by the API. Minimum is "
-                f"{MIN_VERSION[0]}.{MIN_VERSION[1]} and maximum is "
-                f"{MAX_VERSION[0]}.{MAX_VERSION[1]}."
+    app.add_middleware(ResponseHeaders, enter=_negotiate)
+
+
+def _negotiate(request: Request) -> Response | OnResponse:
+    raw = requested(request)
+    version = Microversion(MIN_VERSION) if raw is None else _parse(raw)
+    if version is None or not MIN_VERSION <= version <= MAX_VERSION:
+        message = (
+            f"Version {raw} is not supported by the API. Minimum is "
+            f"{MIN_VERSION[0]}.{MIN_VERSION[1]} and maximum is "
+            f"{MAX_VERSION[0]}.{MAX_VERSION[1]}."
+        )
+        if version is None:
+            return JSONResponse(
+                compute_error(400, f"Invalid API version {raw!r}.", None, ""), status_code=400
             )
-            if version is None:
-                return JSONResponse(
-                    compute_error(400, f"Invalid API version {raw!r}.", None, ""), status_code=400
-                )
-            return JSONResponse(compute_error(406, message, None, ""), status_code=406)
-        request.state.microversion = version
-        response = await call_next(request)
-        response.headers["OpenStack-API-Version"] = f"compute {version}"
-        response.headers["X-OpenStack-Nova-API-Version"] = str(version)
-        response.headers["Vary"] = "OpenStack-API-Version, X-OpenStack-Nova-API-Version"
-        return response
+        return JSONResponse(compute_error(406, message, None, ""), status_code=406)
+    request.state.microversion = version
+    echoed = f"compute {version}"
+
+    def echo(status: int, headers: MutableHeaders) -> None:
+        headers["OpenStack-API-Version"] = echoed
+        headers["X-OpenStack-Nova-API-Version"] = str(version)
+        headers["Vary"] = "OpenStack-API-Version, X-OpenStack-Nova-API-Version"
+
+    return echo

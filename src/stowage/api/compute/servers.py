@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from datetime import UTC, datetime
+import time
+from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -70,7 +71,12 @@ _NAME_MAX = 255
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # time.gmtime and a format: datetime's strftime was a seventh of a detail list's time.
+    t = time.gmtime(ts)
+    return (
+        f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T"
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}Z"
+    )
 
 
 def _visible(ctx: Context, doc: Document, *, all_tenants: bool = False) -> bool:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Awaitable, Callable
 from email.utils import formatdate
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import MutableHeaders
 
+from stowage.api.asgi import OnResponse, ResponseHeaders
 from stowage.api.common import ApiError, placement_error
 
 __all__ = [
@@ -132,33 +133,37 @@ def _refuse(request: Request, status: int, message: str) -> JSONResponse:
 
 
 def install_microversions(app: FastAPI) -> None:
-    @app.middleware("http")
-    async def negotiate(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        raw = _requested(request)
-        try:
-            version = MIN_VERSION if raw is None else _parse(raw)
-        except TypeError as exc:
-            return _refuse(request, 400, f"Invalid microversion: {exc}")
-        if version not in _SUPPORTED:
-            return _refuse(
-                request, 406, f"Invalid microversion: Unacceptable version header: {raw}"
-            )
-        request.state.placement_version = version
-        token = current.set(version)
-        try:
-            response = await call_next(request)
-        finally:
-            current.reset(token)
-        response.headers["OpenStack-API-Version"] = f"placement {version}"
-        response.headers["Vary"] = "openstack-api-version"
+    app.add_middleware(ResponseHeaders, enter=_negotiate, exit=_done)
+
+
+def _negotiate(request: Request) -> Response | OnResponse:
+    raw = _requested(request)
+    try:
+        version = MIN_VERSION if raw is None else _parse(raw)
+    except TypeError as exc:
+        return _refuse(request, 400, f"Invalid microversion: {exc}")
+    if version not in _SUPPORTED:
+        return _refuse(request, 406, f"Invalid microversion: Unacceptable version header: {raw}")
+    request.state.placement_version = version
+    request.state.placement_token = current.set(version)
+
+    def echo(status: int, headers: MutableHeaders) -> None:
+        headers["OpenStack-API-Version"] = f"placement {version}"
+        headers["Vary"] = "openstack-api-version"
         if (
             version >= (1, 15)
             and request.method in ("GET", "PUT", "POST")
-            and response.status_code in (200, 201)
+            and status in (200, 201)
             and request.url.path.rstrip("/") != request.scope.get("root_path", "").rstrip("/")
         ):
-            response.headers["Cache-Control"] = "no-cache"
-            response.headers.setdefault("Last-Modified", formatdate(usegmt=True))
-        return response
+            headers["Cache-Control"] = "no-cache"
+            if "last-modified" not in headers:
+                headers["Last-Modified"] = formatdate(usegmt=True)
+
+    return echo
+
+
+def _done(request: Request) -> None:
+    token = getattr(request.state, "placement_token", None)
+    if token is not None:
+        current.reset(token)

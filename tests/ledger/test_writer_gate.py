@@ -1,0 +1,87 @@
+"""SQLite writers of one process take turns at a lock of their own (ledger/db.py): every
+write commits, none is lost, and a transaction's end (commit, rollback, an error) frees it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from stowage.ledger.db import READONLY, _WriterGate, make_engine, sqlite_url
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Engine:
+    engine = make_engine(sqlite_url(tmp_path / "gate.db"))
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE n (writer INTEGER, i INTEGER)"))
+    yield engine
+    engine.dispose()
+
+
+def _gate_is_free(engine: Engine) -> bool:
+    """Whether another thread could take the gate now."""
+    gate = _WriterGate.of(engine)
+    got: list[bool] = []
+
+    def probe() -> None:
+        got.append(gate._lock.acquire(blocking=False))
+        if got[0]:
+            gate._lock.release()
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return got[0]
+
+
+def test_concurrent_writers_all_commit(engine: Engine) -> None:
+    def write(writer: int) -> None:
+        for i in range(25):
+            with engine.begin() as conn:
+                conn.execute(text("INSERT INTO n VALUES (:w, :i)"), {"w": writer, "i": i})
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with engine.connect().execution_options(**READONLY) as conn:
+        assert conn.execute(text("SELECT count(*) FROM n")).scalar_one() == 16 * 25
+    assert _gate_is_free(engine)
+
+
+def test_an_error_and_a_rollback_free_the_gate(engine: Engine) -> None:
+    with pytest.raises(RuntimeError), engine.begin() as conn:
+        conn.execute(text("INSERT INTO n VALUES (1, 1)"))
+        raise RuntimeError("the use case fails")
+    assert _gate_is_free(engine)
+    conn = engine.connect()
+    conn.begin()
+    conn.execute(text("INSERT INTO n VALUES (2, 2)"))
+    assert not _gate_is_free(engine)  # held while the transaction is open
+    conn.rollback()
+    assert _gate_is_free(engine)
+    conn.close()
+    with engine.connect().execution_options(**READONLY) as read:
+        assert read.execute(text("SELECT count(*) FROM n")).scalar_one() == 0
+
+
+def test_reads_do_not_take_the_gate(engine: Engine) -> None:
+    with engine.connect().execution_options(**READONLY) as conn:
+        conn.execute(text("SELECT count(*) FROM n")).scalar_one()
+        assert _gate_is_free(engine)
+
+
+def test_engines_on_one_file_share_the_gate(engine: Engine, tmp_path: Path) -> None:
+    other = make_engine(sqlite_url(tmp_path / "gate.db"))
+    try:
+        assert _WriterGate.of(other) is _WriterGate.of(engine)
+        with other.begin() as conn:
+            conn.execute(text("INSERT INTO n VALUES (3, 3)"))
+            assert not _gate_is_free(engine)
+        assert _gate_is_free(engine)
+    finally:
+        other.dispose()
