@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from stowage.domain.errors import NotFound
 from stowage.domain.topology import (
@@ -30,62 +31,59 @@ class Hosts(LedgerCore):
     """Registers hosts and records their service state."""
 
     def register_host(self, spec: HostSpec) -> int:
-        """Record a host with its topology and inventories; returns its id (idempotent)."""
+        """Record a host with its topology and inventories; returns its id (idempotent).
+
+        Two agents of one host may register at once: the loser's insert meets the unique name
+        (its savepoint rolls back) and it returns the winner's id.
+        """
         with self.engine.begin() as conn:
-            found = conn.execute(select(hosts.c.id).where(hosts.c.name == spec.name)).scalar()
+            found = self._host_named(conn, spec.name)
             if found is not None:
-                return int(found)
-            host_id = int(
-                conn.execute(
-                    insert(hosts).returning(hosts.c.id),
-                    {
-                        "uuid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-host:{spec.name}")),
-                        "name": spec.name,
-                        "availability_zone": spec.availability_zone,
-                        "labels": json.dumps(dict(spec.labels), sort_keys=True),
-                        "hypervisor_type": spec.hypervisor_type,
-                        "architecture": spec.architecture,
-                        "topology": topology_to_json(spec.topology),
-                        "disabled": False,
-                        "forced_down": False,
-                        "last_seen": self.clock(),
-                        "generation": 0,
-                    },
-                ).scalar_one()
-            )
-            self._insert_host_rows(conn, host_id, spec)
+                return found
+            try:
+                with conn.begin_nested():
+                    host_id = self._insert_host(conn, spec)
+            except IntegrityError:
+                found = self._host_named(conn, spec.name)
+                if found is None:
+                    raise
+                return found
             conn.execute(insert(changes), {"host_id": host_id, "at": self.clock()})
             return host_id
 
     def register_hosts(self, specs: Sequence[HostSpec]) -> list[int]:
         """Bulk registration for large simulated clouds (one transaction)."""
-        ids: list[int] = []
         with self.engine.begin() as conn:
-            for spec in specs:
-                host_id = int(
-                    conn.execute(
-                        insert(hosts).returning(hosts.c.id),
-                        {
-                            "uuid": str(
-                                uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-host:{spec.name}")
-                            ),
-                            "name": spec.name,
-                            "availability_zone": spec.availability_zone,
-                            "labels": json.dumps(dict(spec.labels), sort_keys=True),
-                            "hypervisor_type": spec.hypervisor_type,
-                            "architecture": spec.architecture,
-                            "topology": topology_to_json(spec.topology),
-                            "disabled": False,
-                            "forced_down": False,
-                            "last_seen": self.clock(),
-                            "generation": 0,
-                        },
-                    ).scalar_one()
-                )
-                self._insert_host_rows(conn, host_id, spec)
-                ids.append(host_id)
+            ids = [self._insert_host(conn, spec) for spec in specs]
             conn.execute(insert(changes), [{"host_id": h, "at": self.clock()} for h in ids])
         return ids
+
+    @staticmethod
+    def _host_named(conn: Connection, name: str) -> int | None:
+        found = conn.execute(select(hosts.c.id).where(hosts.c.name == name)).scalar()
+        return None if found is None else int(found)
+
+    def _insert_host(self, conn: Connection, spec: HostSpec) -> int:
+        host_id = int(
+            conn.execute(
+                insert(hosts).returning(hosts.c.id),
+                {
+                    "uuid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-host:{spec.name}")),
+                    "name": spec.name,
+                    "availability_zone": spec.availability_zone,
+                    "labels": json.dumps(dict(spec.labels), sort_keys=True),
+                    "hypervisor_type": spec.hypervisor_type,
+                    "architecture": spec.architecture,
+                    "topology": topology_to_json(spec.topology),
+                    "disabled": False,
+                    "forced_down": False,
+                    "last_seen": self.clock(),
+                    "generation": 0,
+                },
+            ).scalar_one()
+        )
+        self._insert_host_rows(conn, host_id, spec)
+        return host_id
 
     def _insert_host_rows(self, conn: Connection, host_id: int, spec: HostSpec) -> None:
         topo = spec.topology
