@@ -277,7 +277,7 @@ def _parse_create(request: Request, cloud: Cloud, ctx: Context, body: Any) -> Bu
     if isinstance(group, list):
         group = group[0] if group else None
     check_group(cloud, ctx, str(group) if group else None)
-    networks = check_nics(cloud, ctx, server.get("networks", "auto"), version)
+    networks = check_nics(cloud, ctx, server.get("networks"), version)
     return BuildRequest(
         name=name,
         flavor=dict(flavor.body),
