@@ -62,10 +62,12 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     rabbit = None
     bus_url = getattr(app.state, "bus_url", None)
     if bus_url:
+        from stowage.bus.base import LoopBridge
         from stowage.bus.rabbit import RabbitTransport
 
         rabbit = await RabbitTransport.connect(bus_url)
-        cloud.bus = rabbit
+        # Handlers run off this loop (`run_off_loop`): their calls cross back into it.
+        cloud.bus = LoopBridge(asyncio.get_running_loop(), rabbit)
     if app.state.local_compute:
         from stowage.agent.local import LocalCompute
 
