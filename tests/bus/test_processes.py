@@ -60,7 +60,7 @@ def production(tmp_path: Path, pg_url: str) -> Iterator[tuple[RunningCloud, list
     drivers = [
         ("--driver", "sim"),
         ("--driver", "sim"),
-        (*LIBVIRT, "--image-api", f"{base}/image") if HAVE_LIBVIRT else ("--driver", "sim"),
+        (*LIBVIRT,) if HAVE_LIBVIRT else ("--driver", "sim"),
     ]
     others += [
         spawn(
@@ -71,6 +71,8 @@ def production(tmp_path: Path, pg_url: str) -> Iterator[tuple[RunningCloud, list
             *common,
             "--heartbeat-interval",
             "1",
+            "--image-api",  # snapshots go there over HTTP (and libvirt fetches images)
+            f"{base}/image",
             *driver,
         )
         for h, driver in zip(hosts, drivers, strict=True)

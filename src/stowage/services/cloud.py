@@ -76,6 +76,10 @@ class CloudConfig:
     driver: str = "sim"  # the all-in-one cloud's hypervisors: sim, or libvirt (real QEMU)
     virt_type: str | None = None  # libvirt's domain type: kvm, qemu, or None (detected)
     libvirt_uris: dict[str, str] = field(default_factory=dict)  # host name -> libvirt URI
+    host_ip: str | None = None  # the all-in-one hosts' address (Nova's my_ip); None: detected
+    # Start, when the cloud starts, the guests that ran when it stopped (Nova's option of
+    # that name): `stowage up` stops its libvirt daemons, and their guests, with it.
+    resume_guests_state_on_host_boot: bool = True
 
     @property
     def base_url(self) -> str:

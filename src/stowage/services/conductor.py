@@ -73,6 +73,7 @@ POWER_METHODS = {
     "resume": "resume",
 }
 MOVE_KINDS = ("live-migration", "evacuation", "migration", "resize")
+COLD_MOVES = ("migration", "resize")  # the destination takes the source's disk
 _AFTER_POWER = {
     "os-stop": ("SHUTOFF", "stopped", 4),
     "os-start": ("ACTIVE", "active", 1),
@@ -593,8 +594,21 @@ class Conductor:
             **claim,
         }
         # A live migration's destination only makes room (the disk on its cached image): the
-        # guest itself arrives with its memory. Every other move builds it there.
+        # guest itself arrives with its memory. Every other move builds it there: a cold
+        # migration or a resize on the source's disk, moved (its data kept, as in Nova); an
+        # evacuation (the source is down) from the image.
         live = op.kind == "live-migration"
+        if op.kind in COLD_MOVES:
+            at_source = dataclasses.replace(op, host=str(record["source_compute"]))
+            try:
+                exported = await self._call(at_source, "export_disk", {}, suffix=":export")
+            except _Wait as why:
+                exported = {"ok": False, "error": f"no answer: {why}"}
+            if not exported.get("ok"):
+                reason = f"the source could not hand over the disk: {exported.get('error')}"
+                await asyncio.to_thread(self._to_abort, op, "failed", reason)
+                return
+            guest["disk_source"] = dict(exported.get("handle") or {})
         try:
             reply = await self._call(op, "prepare_migration" if live else "spawn", guest)
         except _Wait as why:
