@@ -35,11 +35,12 @@ from stowage.api.image import create_image_app
 from stowage.api.limits import DEFAULT_MAX_BODY, BodyLimit
 from stowage.api.network import create_network_app
 from stowage.api.placement import create_placement_app
+from stowage.api.volume import create_volume_app
 from stowage.services.cloud import Cloud
 
 __all__ = ["create_app"]
 
-PREFIXES = ("/identity", "/compute", "/image", "/networking", "/placement")
+PREFIXES = ("/identity", "/compute", "/image", "/networking", "/placement", "/volume")
 
 
 class _BarePrefix:
@@ -167,6 +168,7 @@ _STYLES: dict[str, ErrorStyle] = {
     "image": image_error,
     "networking": network_error,
     "placement": placement_error,
+    "volume": compute_error,
 }
 
 
@@ -216,6 +218,7 @@ def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None 
         "/image": create_image_app(cloud),
         "/networking": create_network_app(cloud),
         "/placement": create_placement_app(cloud),
+        "/volume": create_volume_app(cloud),
     }
     for service in services.values():
         run_off_loop(service)
