@@ -29,6 +29,7 @@ from stowage.api.compute import (
     server_metadata,
     servers,
     sim,
+    volume_attachments,
 )
 from stowage.api.compute.microversion import MAX_VERSION, MIN_VERSION, install_microversions
 from stowage.services.cloud import Cloud
@@ -55,6 +56,7 @@ _ROUTERS = (
     host_evacuate,
     capacity,
     sim,
+    volume_attachments,
 )
 
 

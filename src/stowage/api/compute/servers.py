@@ -146,7 +146,13 @@ def server_view(
         "OS-EXT-STS:task_state": body.get("task_state"),
         "OS-EXT-STS:vm_state": body["vm_state"],
         "OS-EXT-STS:power_state": body["power_state"],
-        "os-extended-volumes:volumes_attached": [],
+        "os-extended-volumes:volumes_attached": [
+            {"id": d["volume_id"], "delete_on_termination": bool(d.get("delete_on_termination"))}
+            if version >= (2, 3)
+            else {"id": d["volume_id"]}
+            for d in body.get("block_devices") or []
+            if not d.get("attaching")
+        ],
     }
     omit_unset(view)
     if ctx.is_admin:
