@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any
 
 import httpx
-import openstack.config
 import pytest
-from openstack.connection import Connection
 from tests.api.cloudproc import BIN, IMAGE, RunningCloud
 
 GIB = 1024**3
@@ -49,18 +46,6 @@ class Volume:
 
     def status(self, volume_id: str) -> str:
         return str(self.call("GET", f"/volumes/{volume_id}").json()["volume"]["status"])
-
-
-@pytest.fixture(scope="module")
-def sdk(cloud: RunningCloud) -> Any:
-    """openstacksdk as the admin, in this process (a CLI call costs a process start)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=PendingDeprecationWarning, module="openstack")
-        path = str(cloud.state_dir / "clouds.yaml")
-        config = openstack.config.OpenStackConfig(config_files=[path])
-        conn = Connection(config=config.get_one(cloud="stowage-admin"))
-    yield conn
-    conn.close()
 
 
 def wait(sdk: Any, resource: Any, status: str = "available") -> Any:

@@ -33,6 +33,7 @@ from stowage.api.compute import create_compute_app
 from stowage.api.identity import create_identity_app
 from stowage.api.image import create_image_app
 from stowage.api.limits import DEFAULT_MAX_BODY, BodyLimit
+from stowage.api.metadata import create_ec2_metadata_app, create_openstack_metadata_app
 from stowage.api.network import create_network_app
 from stowage.api.placement import create_placement_app
 from stowage.api.volume import create_volume_app
@@ -40,7 +41,16 @@ from stowage.services.cloud import Cloud
 
 __all__ = ["create_app"]
 
-PREFIXES = ("/identity", "/compute", "/image", "/networking", "/placement", "/volume")
+PREFIXES = (
+    "/identity",
+    "/compute",
+    "/image",
+    "/networking",
+    "/placement",
+    "/volume",
+    "/openstack",
+    "/latest",
+)
 
 
 class _BarePrefix:
@@ -219,6 +229,9 @@ def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None 
         "/networking": create_network_app(cloud),
         "/placement": create_placement_app(cloud),
         "/volume": create_volume_app(cloud),
+        # The metadata service, for the instance a metadata proxy names (api/metadata).
+        "/openstack": create_openstack_metadata_app(cloud),
+        "/latest": create_ec2_metadata_app(cloud),
     }
     for service in services.values():
         run_off_loop(service)
