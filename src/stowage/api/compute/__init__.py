@@ -29,6 +29,7 @@ from stowage.api.compute import (
     server_metadata,
     servers,
     sim,
+    unsupported,
     volume_attachments,
 )
 from stowage.api.compute.microversion import MAX_VERSION, MIN_VERSION, install_microversions
@@ -56,6 +57,7 @@ _ROUTERS = (
     host_evacuate,
     capacity,
     sim,
+    unsupported,
     volume_attachments,
 )
 

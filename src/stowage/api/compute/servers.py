@@ -605,6 +605,10 @@ async def server_action(request: Request, server_id: str) -> Response:
         return await _rebuild(request, ctx, doc, args)
     if action in EXTRA_ACTIONS:
         return await extra_action(request, ctx, doc, action, args)
+    from stowage.api.compute.unsupported import UNSUPPORTED_ACTIONS, refuse_action
+
+    if action in UNSUPPORTED_ACTIONS or action == "forceDelete":
+        refuse_action(doc, action, mv(request))
     raise ApiError(400, f"There is no such action: {action}")
 
 
