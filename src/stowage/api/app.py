@@ -33,13 +33,24 @@ from stowage.api.compute import create_compute_app
 from stowage.api.identity import create_identity_app
 from stowage.api.image import create_image_app
 from stowage.api.limits import DEFAULT_MAX_BODY, BodyLimit
+from stowage.api.metadata import create_ec2_metadata_app, create_openstack_metadata_app
 from stowage.api.network import create_network_app
 from stowage.api.placement import create_placement_app
+from stowage.api.volume import create_volume_app
 from stowage.services.cloud import Cloud
 
 __all__ = ["create_app"]
 
-PREFIXES = ("/identity", "/compute", "/image", "/networking", "/placement")
+PREFIXES = (
+    "/identity",
+    "/compute",
+    "/image",
+    "/networking",
+    "/placement",
+    "/volume",
+    "/openstack",
+    "/latest",
+)
 
 
 class _BarePrefix:
@@ -158,6 +169,7 @@ _STYLES: dict[str, ErrorStyle] = {
     "image": image_error,
     "networking": network_error,
     "placement": placement_error,
+    "volume": compute_error,
 }
 
 
@@ -183,6 +195,10 @@ def create_app(cloud: Cloud, *, runtime: Runtime | None = None) -> ASGIApp:
         "/image": create_image_app(cloud),
         "/networking": create_network_app(cloud),
         "/placement": create_placement_app(cloud),
+        "/volume": create_volume_app(cloud),
+        # The metadata service, for the instance a metadata proxy names (api/metadata).
+        "/openstack": create_openstack_metadata_app(cloud),
+        "/latest": create_ec2_metadata_app(cloud),
     }
     for service in services.values():
         run_off_loop(service)

@@ -80,6 +80,10 @@ class CloudConfig:
     # Start, when the cloud starts, the guests that ran when it stopped (Nova's option of
     # that name): `stowage up` stops its libvirt daemons, and their guests, with it.
     resume_guests_state_on_host_boot: bool = True
+    # Block storage: the local-file backend's directory (None: `<state_dir>/volumes`; a path on
+    # shared storage lets every host reach the same files) and its pool's capacity in GiB.
+    volume_dir: Path | None = None
+    volume_pool_gb: int = 1000
 
     @property
     def base_url(self) -> str:
@@ -133,15 +137,20 @@ class Cloud:
                     pending.append(implied)
         return tuple(sorted(out))
 
-    def catalog(self) -> list[dict[str, object]]:
+    def catalog(self, project_id: str = "") -> list[dict[str, object]]:
+        """The service catalog; block storage's URL carries the token's project, as Cinder's
+        `/volume/v3/$(project_id)s` endpoint does once Keystone substitutes it."""
         base = self.config.base_url
         region = self.config.region
+        volume = f"{base}/volume/v3/{project_id}" if project_id else f"{base}/volume/v3"
         entries = [
             ("identity", "keystone", f"{base}/identity"),
             ("compute", "nova", f"{base}/compute/v2.1"),
             ("image", "glance", f"{base}/image"),
             ("network", "neutron", f"{base}/networking"),
             ("placement", "placement", f"{base}/placement"),
+            ("block-storage", "cinder", volume),
+            ("volumev3", "cinderv3", volume),
         ]
         return [
             {

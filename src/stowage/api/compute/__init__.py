@@ -29,6 +29,8 @@ from stowage.api.compute import (
     server_metadata,
     servers,
     sim,
+    unsupported,
+    volume_attachments,
 )
 from stowage.api.compute.microversion import MAX_VERSION, MIN_VERSION, install_microversions
 from stowage.services.cloud import Cloud
@@ -55,6 +57,8 @@ _ROUTERS = (
     host_evacuate,
     capacity,
     sim,
+    unsupported,
+    volume_attachments,
 )
 
 

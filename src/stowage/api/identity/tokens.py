@@ -122,7 +122,7 @@ def token_body(
                 "domain": _domain_ref(cloud, project_domain),
             },
             "roles": [{"id": role_ids.get(r, r), "name": r} for r in sorted(ctx.roles)],
-            "catalog": cloud.catalog(),
+            "catalog": cloud.catalog(ctx.project_id),
             "is_domain": False,
         }
     }
@@ -216,5 +216,5 @@ async def revoke_token(request: Request) -> Response:
 
 @router.get("/v3/auth/catalog")
 async def catalog(request: Request) -> JSONResponse:
-    require_context(request)
-    return JSONResponse({"catalog": cloud_of(request).catalog()})
+    ctx = require_context(request)
+    return JSONResponse({"catalog": cloud_of(request).catalog(ctx.project_id)})
