@@ -33,7 +33,7 @@ def test_quota_show_default_and_usage_through_the_cli(cloud: RunningCloud, team:
     shown = _limits(cloud.osc_json("quota", "show", "--network", pid))
     expected = {"networks": 100, "subnets": 100, "ports": 500, "security_groups": 10}
     assert {k: shown[k] for k in expected} == expected
-    assert _limits(cloud.osc_json("quota", "show", "--network", "--default", pid))["routers"] == 10
+    assert _limits(cloud.osc_json("quota", "show", "--network", "--default", pid))["ports"] == 500
     team.osc("member", "network", "create", unique("counted"))
     usage = {row["Resource"]: row for row in cloud.osc_json("quota", "show", "--usage", pid)}
     assert usage["networks"]["In Use"] == 1

@@ -129,35 +129,6 @@ class Cloud:
                     pending.append(implied)
         return tuple(sorted(out))
 
-    def catalog(self) -> list[dict[str, object]]:
-        base = self.config.base_url
-        region = self.config.region
-        entries = [
-            ("identity", "keystone", f"{base}/identity"),
-            ("compute", "nova", f"{base}/compute/v2.1"),
-            ("image", "glance", f"{base}/image"),
-            ("network", "neutron", f"{base}/networking"),
-            ("placement", "placement", f"{base}/placement"),
-        ]
-        return [
-            {
-                "type": kind,
-                "name": name,
-                "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-service:{kind}")),
-                "endpoints": [
-                    {
-                        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-ep:{kind}:{iface}")),
-                        "interface": iface,
-                        "region": region,
-                        "region_id": region,
-                        "url": url,
-                    }
-                    for iface in ("public", "internal", "admin")
-                ],
-            }
-            for kind, name, url in entries
-        ]
-
 
 def _token_key(state_dir: Path) -> bytes:
     path = state_dir / "token.key"

@@ -32,13 +32,12 @@ __all__ = [
     "update_quota",
 ]
 
-# Neutron's defaults (neutron/conf/quota.py), for the resources this network service serves.
+# Neutron's defaults (neutron/conf/quota.py), for the resources this network service serves:
+# no routers or floating IPs (no L3 extension is advertised), so no quota for them.
 DEFAULT_QUOTAS: dict[str, int] = {
     "network": 100,
     "subnet": 100,
     "port": 500,
-    "router": 10,
-    "floatingip": 50,
     "security_group": 10,
     "security_group_rule": 100,
 }
@@ -47,8 +46,6 @@ _KINDS = {
     "network": "network",
     "subnet": "subnet",
     "port": "port",
-    "router": "router",
-    "floatingip": "floatingip",
     "security_group": "security_group",
     "security_group_rule": "security_group_rule",
 }

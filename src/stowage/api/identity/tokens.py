@@ -13,6 +13,7 @@ from stowage.api.common import ApiError, Context, json_body
 from stowage.api.identity.views import iso
 from stowage.domain.errors import NotFound
 from stowage.ledger.objects import Document
+from stowage.services.catalog import catalog_of
 from stowage.services.cloud import DEFAULT_DOMAIN, Cloud
 from stowage.services.identity import IdentityDirectory, Unauthorized
 
@@ -122,7 +123,7 @@ def token_body(
                 "domain": _domain_ref(cloud, project_domain),
             },
             "roles": [{"id": role_ids.get(r, r), "name": r} for r in sorted(ctx.roles)],
-            "catalog": cloud.catalog(),
+            "catalog": catalog_of(cloud, ctx.project_id),
             "is_domain": False,
         }
     }
@@ -212,9 +213,3 @@ async def revoke_token(request: Request) -> Response:
     subject = _subject(request, "identity:revoke_token")
     cloud.objects.put("revoked_token", subject.audit_id, {"expires_at": subject.expires_at})
     return Response(status_code=204)
-
-
-@router.get("/v3/auth/catalog")
-async def catalog(request: Request) -> JSONResponse:
-    require_context(request)
-    return JSONResponse({"catalog": cloud_of(request).catalog()})
