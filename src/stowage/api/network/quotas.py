@@ -10,8 +10,8 @@ from fastapi.responses import JSONResponse, Response
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.network.resources import NeutronRoute
-from stowage.services import network_quotas as svc
 from stowage.services.networks import AVAILABILITY_ZONE
+from stowage.services.networks import quotas as svc
 
 __all__ = ["router"]
 

@@ -19,7 +19,6 @@ from fastapi.routing import APIRoute
 
 from stowage.api.auth import cloud_of, require_context, require_writer
 from stowage.api.common import ApiError, Context, json_body
-from stowage.services import network_quotas as quotas
 from stowage.services import networks as svc
 from stowage.services.cloud import Cloud
 
@@ -107,7 +106,7 @@ RESOURCES = (
         ),
         svc.list_networks,
         svc.get_network,
-        quotas.counted("network", svc.create_network),
+        svc.create_network,
         svc.update_network,
         svc.delete_network,
         "Network {} could not be found.",
@@ -135,7 +134,7 @@ RESOURCES = (
         ),
         svc.list_subnets,
         svc.get_subnet,
-        quotas.counted("subnet", svc.create_subnet),
+        svc.create_subnet,
         svc.update_subnet,
         svc.delete_subnet,
         "Subnet {} could not be found.",
@@ -165,7 +164,7 @@ RESOURCES = (
         ),
         svc.list_ports,
         svc.get_port,
-        quotas.counted("port", svc.create_port),
+        svc.create_port,
         svc.update_port,
         svc.delete_port,
         "Port {} could not be found.",
@@ -178,7 +177,7 @@ RESOURCES = (
         (*_STANDARD, "stateful", "shared", "security_group_rules"),
         svc.list_security_groups,
         svc.get_security_group,
-        quotas.counted("security_group", svc.create_security_group),
+        svc.create_security_group,
         svc.update_security_group,
         svc.delete_security_group,
         "Security group {} does not exist",
@@ -204,7 +203,7 @@ RESOURCES = (
         ),
         svc.list_security_group_rules,
         svc.get_security_group_rule,
-        quotas.counted("security_group_rule", svc.create_security_group_rule),
+        svc.create_security_group_rule,
         None,
         svc.delete_security_group_rule,
         "Security group rule {} does not exist",

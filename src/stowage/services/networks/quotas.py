@@ -2,30 +2,35 @@
 
 A project's limits are Neutron's defaults overlaid with what an admin set (a document of kind
 "network_quota" whose id is the project's); its usage is the count of the documents it owns,
-read when asked: there is no counter that could drift. A create takes the project's network
-quota lock (an advisory lock on PostgreSQL, a process lock besides) while it counts and
-writes, so two creates in one project take turns and cannot pass a limit together.
+read when asked: there is no counter that could drift. A create counts and writes in one
+transaction holding the project's network quota lock (an advisory lock on PostgreSQL; SQLite's
+write transactions begin IMMEDIATE, one at a time), so two creates in one project take turns
+and cannot pass a limit together.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import Connection, func, select
+from sqlalchemy.exc import IntegrityError
+
+from stowage.domain.errors import ConflictError
+from stowage.ledger.objects import Document
+from stowage.ledger.schema import objects
 from stowage.services.caller import Caller
-from stowage.services.networks import NetworkError
-from stowage.services.quotas import lock_project
+from stowage.services.networks.common import NetworkError
 
 if TYPE_CHECKING:
     from stowage.services.cloud import Cloud
 
 __all__ = [
     "DEFAULT_QUOTAS",
+    "create_counted",
     "default_quota",
     "delete_quota",
-    "guarded_create",
     "list_quotas",
     "quota_details",
     "show_quota",
@@ -53,8 +58,6 @@ _KIND = "network_quota"
 # The quota-check-limit extension: check_limit refuses a limit below the usage; force (the
 # default) sets it anyway.
 _FLAGS = ("check_limit", "force")
-_process_lock = threading.Lock()
-T = TypeVar("T")
 
 
 def _forbidden(action: str) -> NetworkError:
@@ -168,42 +171,46 @@ def delete_quota(cloud: Cloud, caller: Caller, project_id: str) -> None:
     cloud.objects.delete(_KIND, project_id)
 
 
-@contextlib.contextmanager
-def _project_lock(cloud: Cloud, project_id: str) -> Iterator[None]:
-    with _process_lock, cloud.ledger.engine.connect() as conn:
-        lock_project(conn, f"network:{project_id}")
-        yield
-        conn.rollback()
-
-
 def over_quota(resource: str) -> NetworkError:
     return NetworkError(f"Quota exceeded for resources: ['{resource}'].", "OverQuota", status=409)
 
 
-def guarded_create(cloud: Cloud, project_id: str, resource: str, create: Callable[[], T]) -> T:
-    """Run `create` (which makes one `resource` owned by `project_id`) unless the project's
-    quota is used up: a 409 OverQuota as Neutron's."""
-    with _project_lock(cloud, project_id):
-        limit = limits_of(cloud, project_id)[resource]
-        if limit >= 0 and len(cloud.objects.list(_KINDS[resource], project_id=project_id)) >= limit:
-            raise over_quota(resource)
-        return create()
+def _limit_in(conn: Connection, project_id: str, resource: str) -> int:
+    raw = conn.execute(
+        select(objects.c.body).where(objects.c.kind == _KIND, objects.c.id == project_id)
+    ).scalar()
+    overrides = json.loads(raw) if raw is not None else {}
+    return int(overrides.get(resource, DEFAULT_QUOTAS[resource]))
 
 
-def _owner_of(caller: Caller, attrs: Mapping[str, Any]) -> str:
-    # As networks._owner: an admin may create for another project; the service refuses others.
-    owner = attrs.get("project_id") or attrs.get("tenant_id")
-    return str(owner) if owner and caller.is_admin else caller.project_id
+def _count_in(conn: Connection, project_id: str, kind: str) -> int:
+    query = select(func.count()).where(objects.c.kind == kind, objects.c.project_id == project_id)
+    return int(conn.execute(query).scalar() or 0)
 
 
-def counted(
+def create_counted(
+    cloud: Cloud,
     resource: str,
-    create: Callable[[Cloud, Caller, Mapping[str, Any]], dict[str, Any]],
-) -> Callable[[Cloud, Caller, Mapping[str, Any]], dict[str, Any]]:
-    """`create` (a network service's creator) that first checks `resource`'s quota."""
+    doc_id: str,
+    body: Mapping[str, Any],
+    *,
+    project_id: str,
+    name: str | None = None,
+) -> Document:
+    """Create the document of one `resource` owned by `project_id`, unless the project's quota
+    of it is used up (Neutron's 409 OverQuota): counted and written in one transaction."""
+    # Late: services.quotas imports the cloud, which imports this package.
+    from stowage.services.quotas import lock_project
 
-    def checked(cloud: Cloud, caller: Caller, attrs: Mapping[str, Any]) -> dict[str, Any]:
-        project = _owner_of(caller, attrs) if isinstance(attrs, Mapping) else caller.project_id
-        return guarded_create(cloud, project, resource, lambda: create(cloud, caller, attrs))
-
-    return checked
+    kind = _KINDS[resource]
+    try:
+        with cloud.ledger.engine.begin() as conn:
+            lock_project(conn, f"network:{project_id}")
+            limit = _limit_in(conn, project_id, resource)
+            if limit >= 0 and _count_in(conn, project_id, kind) >= limit:
+                raise over_quota(resource)
+            return cloud.objects.create_in(
+                conn, kind, doc_id, body, project_id=project_id, name=name
+            )
+    except IntegrityError:
+        raise ConflictError(f"{kind} {doc_id} already exists") from None
