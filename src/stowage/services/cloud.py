@@ -111,13 +111,21 @@ class Cloud:
         raise NotFound(f"Could not find {kind}: {name}.")
 
     def roles_of(self, user_id: str, project_id: str) -> tuple[str, ...]:
-        names = []
-        for doc in self.objects.list("assignment", project_id=project_id):
-            if doc.body.get("user_id") == user_id:
-                role = self.objects.find("role", doc.body["role_id"])
-                if role is not None:
-                    names.append(role.name or "")
         from stowage.services.identity import IMPLIED_ROLES
+        from stowage.services.identity_groups import group_role_ids
+
+        role_ids = [
+            doc.body["role_id"]
+            for doc in self.objects.list("assignment", project_id=project_id)
+            if doc.body.get("user_id") == user_id
+        ]
+        # The roles of the user's groups on the project count as its own (Keystone's).
+        role_ids += group_role_ids(self, user_id, project_id)
+        names = []
+        for role_id in dict.fromkeys(role_ids):
+            role = self.objects.find("role", role_id)
+            if role is not None:
+                names.append(role.name or "")
 
         # Implied roles, followed to the end: admin implies manager, member and reader.
         out = set(names)
