@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -30,6 +30,7 @@ from stowage.api.common import (
     www_authenticate,
 )
 from stowage.api.compute import create_compute_app
+from stowage.api.dashboard import create_dashboard_app
 from stowage.api.identity import create_identity_app
 from stowage.api.image import create_image_app
 from stowage.api.limits import DEFAULT_MAX_BODY, BodyLimit
@@ -228,12 +229,18 @@ def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None 
         routes=[
             Route("/metrics", _metrics),
             *(Mount(prefix, app=service) for prefix, service in services.items()),
+            Route("/dashboard", _to_dashboard),
+            Mount("/dashboard", app=create_dashboard_app(cloud, services["/identity"])),
         ],
     )
     app.state.cloud = cloud
     app.state.local_compute = local_compute
     app.state.bus_url = bus_url
     return _BarePrefix(app)
+
+
+async def _to_dashboard(request: Request) -> Response:
+    return RedirectResponse("/dashboard/", status_code=307)
 
 
 def _body_limit(cloud: Cloud | None) -> int:
