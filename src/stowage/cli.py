@@ -50,6 +50,36 @@ BootstrapPassword = Annotated[
         "bootstrap's); ignored after that. Prefer the environment variable to the command line.",
     ),
 ]
+LogFormat = Annotated[
+    str,
+    typer.Option(
+        "--log-format", help="Log lines as json or kv (key=value), on stderr.", show_default=True
+    ),
+]
+LogLevel = Annotated[
+    str, typer.Option("--log-level", help="debug, info, warning, error or critical.")
+]
+MetricsPort = Annotated[
+    int,
+    typer.Option(
+        "--metrics-port", min=0, help="Serve Prometheus metrics on this port (0: not served)."
+    ),
+]
+MetricsHost = Annotated[
+    str, typer.Option("--metrics-host", help="Address the metrics port listens on.")
+]
+
+
+def _configure_logs(fmt: str, level: str, process: str) -> None:
+    from stowage.telemetry import configure_logging
+
+    try:
+        configure_logging(fmt, level.lower(), process=process)
+    except ValueError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
 LockoutDuration = Annotated[
     float,
     typer.Option(
@@ -244,9 +274,13 @@ def up(
             "--virt-type", help="libvirt: kvm or qemu (TCG); default: kvm if a KVM guest runs."
         ),
     ] = None,
+    log_format: LogFormat = "kv",
+    log_level: LogLevel = "info",
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import os
+
+    _configure_logs(log_format, log_level, "up")
 
     import uvicorn
 
@@ -315,7 +349,11 @@ def up(
         "OS_CLOUD=stowage-admin   (or OS_CLOUD=stowage for the member)",
         soft_wrap=True,
     )
-    server = _Server(uvicorn.Config(create_app(cloud), host=host, port=port, log_level="warning"))
+    server = _Server(
+        uvicorn.Config(
+            create_app(cloud), host=host, port=port, log_level="warning", log_config=None
+        )
+    )
     try:
         server.run()
     finally:
@@ -407,11 +445,17 @@ def api_process(
     lockout_duration: LockoutDuration = 1800.0,
     max_request_body_size: MaxBody = 114688,
     bootstrap_password: BootstrapPassword = "stowage-admin",
+    log_format: LogFormat = "kv",
+    log_level: LogLevel = "info",
 ) -> None:
     """Production: the APIs only (conductor and agents run as their own processes)."""
     import os
 
     import uvicorn
+
+    _configure_logs(log_format, log_level, "api")
+    os.environ["STOWAGE_LOG_FORMAT"] = log_format
+    os.environ["STOWAGE_LOG_LEVEL"] = log_level.lower()
 
     from stowage.services.runtime import write_clouds_yaml
 
@@ -438,6 +482,7 @@ def api_process(
         port=port,
         workers=workers,
         log_level="warning",
+        log_config=None,  # each worker's lines go through configure_logging
     )
 
 
@@ -457,15 +502,27 @@ def conductor_process(
             "of the same name waits until the first ends.",
         ),
     ] = "",
+    log_format: LogFormat = "kv",
+    log_level: LogLevel = "info",
+    metrics_port: MetricsPort = 0,
+    metrics_host: MetricsHost = "127.0.0.1",
 ) -> None:
     """Production: drive operations through the agents (run several for more throughput)."""
     import asyncio
+    import functools
 
     from stowage.agent.processes import conductor_name, run_conductor, run_until_signal
+    from stowage.services.dashboard import heartbeat_ages
+    from stowage.telemetry import serve_metrics
+    from stowage.telemetry.metrics import watch_heartbeats
 
+    _configure_logs(log_format, log_level, "conductor")
     cloud = _production_cloud(
         state_dir, db, op_timeout_s=op_timeout, lease_s=lease_seconds, conductor_name=name
     )
+    watch_heartbeats(functools.partial(heartbeat_ages, cloud))
+    if metrics_port:
+        serve_metrics(metrics_port, metrics_host)
     console.print(f"conductor {conductor_name(cloud)} running")
     asyncio.run(run_until_signal(lambda stop: run_conductor(cloud, bus, stop)))
     cloud.ledger.close()
@@ -499,12 +556,23 @@ def agent_process(
     image_api: Annotated[
         str, typer.Option("--image-api", help="libvirt: the image API images are fetched from.")
     ] = "http://127.0.0.1:8880/image",
+    log_format: LogFormat = "kv",
+    log_level: LogLevel = "info",
+    metrics_port: MetricsPort = 0,
+    metrics_host: MetricsHost = "127.0.0.1",
 ) -> None:
     """Production: one host's compute agent (registers the host, heartbeats, runs its work)."""
     import asyncio
+    import functools
 
+    from stowage.agent.metrics import AgentMetrics
     from stowage.agent.processes import make_driver, run_agent, run_until_signal
     from stowage.services.cloud import default_hosts
+    from stowage.services.dashboard import heartbeat_ages
+    from stowage.telemetry import serve_metrics
+    from stowage.telemetry.metrics import watch_heartbeats
+
+    _configure_logs(log_format, log_level, f"agent:{host_name}")
 
     cloud = _production_cloud(
         state_dir,
@@ -545,8 +613,16 @@ def agent_process(
         the_driver = make_driver(
             driver, spec, state_dir.resolve() / "agents" / host_name, libvirt_uri=libvirt_uri
         )
+    metrics = AgentMetrics.create()
+    watch_heartbeats(functools.partial(heartbeat_ages, cloud, [host_name]))
+    if metrics_port:
+        serve_metrics(metrics_port, metrics_host, metrics.registry)
     console.print(f"agent of {host_name} ({driver}) running")
-    asyncio.run(run_until_signal(lambda stop: run_agent(cloud, spec, the_driver, bus, stop)))
+    asyncio.run(
+        run_until_signal(
+            lambda stop: run_agent(cloud, spec, the_driver, bus, stop, metrics=metrics)
+        )
+    )
     cloud.ledger.close()
 
 

@@ -110,6 +110,9 @@ def test_separate_processes_build_move_snapshot_and_delete(
         "--availability-zone", f"nova:{a}", "--wait", "prod-vm",
     )  # fmt: skip
     assert (server["status"], server["OS-EXT-SRV-ATTR:host"]) == ("ACTIVE", a)
+    events = cloud.osc_json("server", "event", "list", "prod-vm")
+    create = next(e for e in events if e["Action"] == "create")
+    _assert_logged_everywhere(cloud, create["Request ID"], a)
 
     # Snapshot on the first host. (After the live migration the simulated guest's snapshot
     # comes out empty in production mode: a known bug, in the session's notes.)
@@ -141,3 +144,24 @@ def _db_of(cloud: RunningCloud) -> str:
     args = cloud.process.args
     assert isinstance(args, list)
     return str(args[args.index("--db") + 1])
+
+
+def _assert_logged_everywhere(cloud: RunningCloud, rid: str, agent_host: str) -> None:
+    """One request's id on its lines in the API's, the conductor's and the agent's logs: the
+    API binds it to the request's work, the conductor to the operations it started, and the
+    agent (the id carried over RabbitMQ in the call) to the calls it served."""
+    logs = cloud.log.parent
+
+    def lines(name: str) -> list[str]:
+        return [ln for ln in (logs / f"{name}.log").read_text().splitlines() if rid in ln]
+
+    api = lines("api")
+    assert any(
+        "event='request'" in ln and "route='/compute/v2.1/servers'" in ln and "status=202" in ln
+        for ln in api
+    ), api
+    conductor = lines("conductor")
+    assert any("event='step'" in ln and "step='spawn'" in ln for ln in conductor), conductor
+    agent = lines(agent_host)
+    assert any("event='bus call handled'" in ln and "method='spawn'" in ln for ln in agent), agent
+    assert all(f"request_id='{rid}'" in ln for ln in [*api, *conductor, *agent])

@@ -118,8 +118,11 @@ async def run_agent(
     driver: Driver,
     bus_url: str,
     stop: asyncio.Event,
+    *,
+    metrics: AgentMetrics | None = None,
 ) -> None:
-    """Register the host, then heartbeat and serve its operations until `stop`."""
+    """Register the host, then heartbeat and serve its operations until `stop` (its
+    metrics into `metrics`, which the process may serve)."""
     from stowage.agent.local import agent_server, make_reconciler, restore_guests
     from stowage.virt.sim import SimDriver
 
@@ -130,7 +133,7 @@ async def run_agent(
         restored = await asyncio.to_thread(restore_guests, cloud, spec.name, driver)
         log.info("agent of %s restored %d guest(s) from the ledger", spec.name, len(restored))
     bus = await _connect(bus_url)
-    metrics = AgentMetrics.create()
+    metrics = metrics or AgentMetrics.create()
     server = agent_server(cloud, spec.name, driver, bus)
     await server.serve()
     reconciler = make_reconciler(cloud, spec.name, server, metrics)

@@ -35,8 +35,12 @@ from stowage.api.identity import create_identity_app
 from stowage.api.image import create_image_app
 from stowage.api.limits import DEFAULT_MAX_BODY, BodyLimit
 from stowage.api.network import create_network_app
+from stowage.api.observed import Observed
 from stowage.api.placement import create_placement_app
 from stowage.services.cloud import Cloud
+from stowage.services.dashboard import heartbeat_ages
+from stowage.telemetry import REGISTRY
+from stowage.telemetry.metrics import watch_heartbeats
 
 __all__ = ["create_app"]
 
@@ -79,6 +83,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
             await asyncio.to_thread(cloud.ledger.prune_changes)
             await asyncio.sleep(60.0)
 
+    watch_heartbeats(functools.partial(heartbeat_ages, cloud))
     task = asyncio.create_task(prune())
     watchdog = _api_watchdog(app)
     lag_task = asyncio.create_task(watchdog.run())
@@ -139,7 +144,7 @@ async def _metrics(request: Request) -> Response:
         rid = f"req-{uuid.uuid4()}"
         headers["x-openstack-request-id"] = rid
         return JSONResponse(identity_error(status, message, None, rid), status, headers=headers)
-    parts = []
+    parts = [render(REGISTRY)]
     registry = getattr(request.app.state, "api_registry", None)
     if registry is not None:
         parts.append(render(registry))
@@ -192,7 +197,13 @@ def production_app() -> ASGIApp:
 
     from stowage.services.cloud import CloudConfig
     from stowage.services.runtime import open_cloud
+    from stowage.telemetry import configure_logging
 
+    configure_logging(
+        os.environ.get("STOWAGE_LOG_FORMAT", "kv"),
+        os.environ.get("STOWAGE_LOG_LEVEL", "info"),
+        process=f"api:{os.getpid()}",
+    )
     address, port = os.environ["STOWAGE_API_BASE"].rsplit(":", 1)
     config = CloudConfig(
         state_dir=Path(os.environ["STOWAGE_API_STATE_DIR"]),
@@ -236,7 +247,7 @@ def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None 
     app.state.cloud = cloud
     app.state.local_compute = local_compute
     app.state.bus_url = bus_url
-    return _BarePrefix(app)
+    return Observed(_BarePrefix(app))
 
 
 async def _to_dashboard(request: Request) -> Response:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
+
+from stowage.telemetry import bind, logger
 
 __all__ = [
     "OP_IDS_MAX",
@@ -30,6 +33,7 @@ Handler = Callable[[str, Payload, str], Awaitable[Payload]]
 """A server's handler: ``(method, payload, op_id) -> reply``."""
 
 log = logging.getLogger(__name__)
+served = logger("stowage.bus.served")
 
 OP_IDS_MAX = 10_000
 """How many op ids (and their replies) a server remembers for deduplication."""
@@ -121,7 +125,20 @@ class ReplyCache:
         return len(self._replies)
 
     async def handle(self, method: str, payload: Payload, op_id: str) -> Payload:
-        """The reply envelope for ``op_id``; the handler runs only for a new op id."""
+        """The reply envelope for ``op_id``; the handler runs only for a new op id, with the
+        sender's request id (carried in the payload) bound to every line it logs."""
+        with bind(request_id=payload.get("request_id"), op_id=op_id):
+            started = time.perf_counter()
+            envelope = await self._handle(method, payload, op_id)
+            served.info(
+                "bus call handled",
+                method=method,
+                ok=bool(envelope.get("ok")),
+                duration_ms=round((time.perf_counter() - started) * 1000, 1),
+            )
+            return envelope
+
+    async def _handle(self, method: str, payload: Payload, op_id: str) -> Payload:
         reply = self._replies.get(op_id)
         if reply is not None:
             self.repeats_n += 1

@@ -42,6 +42,7 @@ __all__ = [
     "ServerClaim",
     "change_marker",
     "cloud_status",
+    "heartbeat_ages",
     "host_cards",
     "migrations_in_flight",
     "server_claim",
@@ -187,6 +188,17 @@ def _cpu(
     consumer_id, kind, instance_id, withheld = owner
     migration_id = consumer_id if kind == "migration" else None
     return CpuView(cpu, dedicated, instance_id, migration_id, withheld)
+
+
+def heartbeat_ages(cloud: Cloud, names: Sequence[str] | None = None) -> dict[str, float | None]:
+    """Seconds since each host's (or each named host's) last heartbeat; None for never."""
+    now = cloud.clock()
+    query = select(hosts.c.name, hosts.c.last_seen)
+    if names is not None:
+        query = query.where(hosts.c.name.in_(list(names)))
+    with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
+        rows = conn.execute(query).all()
+    return {name: None if seen is None else max(0.0, now - seen) for name, seen in rows}
 
 
 # -- servers -------------------------------------------------------------------------------
