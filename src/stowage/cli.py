@@ -863,27 +863,163 @@ def host_reconcile(host: str, state_dir: StateDir = Path(".stowage")) -> None:
 
 
 @host_app.command("evacuate")
-def host_evacuate(host: str, state_dir: StateDir = Path(".stowage")) -> None:
-    """Re-plan every instance of a down HOST together; report where each went or why not."""
+def host_evacuate(
+    host: str,
+    state_dir: StateDir = Path(".stowage"),
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds to follow the evacuations.")
+    ] = 240.0,
+) -> None:
+    """Re-plan every instance of a down HOST together; follow each instance's evacuation
+    (status, destination, progress) to its end and report where each went or why not."""
+    import time
+
     import httpx
 
     compute, headers = _admin_session(state_dir)
     response = httpx.post(
-        f"{compute}/os-stowage-hosts/{host}/evacuate?wait=240", headers=headers, timeout=300
+        f"{compute}/os-stowage-hosts/{host}/evacuate", headers=headers, timeout=60
     )
     if response.status_code >= 400:
         fault: dict[str, object] = next(iter(response.json().values()), {})
         message = fault.get("message", response.text)
         err.print(f"[red]{response.status_code}[/red]: {message}")
         raise typer.Exit(1)
+    items: list[dict[str, Any]] = response.json()["evacuations"]
+    headers = {**headers, "OpenStack-API-Version": "compute 2.80"}
+    deadline = time.monotonic() + timeout
+
+    def poll() -> bool:
+        """Refresh each started evacuation from its migration record; True once all ended."""
+        answer = httpx.get(
+            f"{compute}/os-migrations",
+            params={"source_compute": host, "migration_type": "evacuation"},
+            headers=headers,
+            timeout=30,
+        )
+        _fail_on_error(answer)
+        records = {m["uuid"]: m for m in answer.json()["migrations"]}
+        for item in items:
+            record = records.get(item["migration_id"] or "")
+            if record is not None:
+                item["status"] = record["status"]
+                item["host"] = record.get("dest_compute") or item["host"]
+        return all(i["status"] in _EVACUATION_ENDED for i in items)
+
+    if console.is_terminal:
+        from rich.live import Live
+
+        with Live(_evacuation_table(host, items), console=console, refresh_per_second=4) as live:
+            while not poll() and time.monotonic() < deadline:
+                live.update(_evacuation_table(host, items))
+                time.sleep(0.5)
+            live.update(_evacuation_table(host, items))
+    else:
+        seen: dict[str, str] = {}
+        while True:
+            ended = poll()
+            for item in items:
+                if seen.get(item["server_id"]) != item["status"]:
+                    seen[item["server_id"]] = item["status"]
+                    where = f" (destination {item['host']})" if item["host"] else ""
+                    console.print(f"{item['server_id']}: {item['status']}{where}", markup=False)
+            if ended or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+    if _report_evacuations(items, timeout):
+        raise typer.Exit(1)
+
+
+def _report_evacuations(items: list[dict[str, Any]], timeout: float) -> int:
+    """One line per instance: where it went, or why not; returns how many did not move."""
     failed = 0
-    for item in response.json()["evacuations"]:
-        if item["status"] in ("failed", "refused"):
+    for item in items:
+        if item["status"] in ("failed", "refused", "error"):
             failed += 1
             console.print(f"{item['server_id']}: not moved: {item['reason']}", markup=False)
+        elif item["status"] not in _EVACUATION_ENDED:
+            failed += 1
+            console.print(f"{item['server_id']}: still {item['status']} after {timeout:.0f} s")
         else:
             console.print(f"{item['server_id']}: {item['status']} on {item['host']}", markup=False)
-    if failed:
+    return failed
+
+
+_EVACUATION_ENDED = frozenset({"done", "completed", "failed", "refused", "error", "cancelled"})
+
+
+def _evacuation_table(host: str, items: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"Evacuation of {host}")
+    for column in ("server", "migration", "status", "destination", "reason"):
+        table.add_column(column)
+    styles = {"done": "green", "completed": "green", "failed": "red", "refused": "red"}
+    for item in items:
+        table.add_row(
+            Text(item["server_id"]),
+            Text(item["migration_id"] or ""),
+            Text(item["status"], styles.get(item["status"], "yellow")),
+            Text(item["host"] or ""),
+            Text(item["reason"] or ""),
+        )
+    return table
+
+
+@app.command()
+def status(state_dir: StateDir = Path(".stowage")) -> None:
+    """The cloud on one screen: hosts up and down, free pCPUs, operations in flight, and the
+    stuck and failed ones. Exit 1 when a host is down or an operation is stuck."""
+    import httpx
+    from rich.table import Table
+    from rich.text import Text
+
+    compute, headers = _admin_session(state_dir)
+    response = httpx.get(f"{compute}/os-stowage-status", headers=headers, timeout=60)
+    _fail_on_error(response)
+    report = response.json()["status"]
+    hosts = Table(title="Hosts")
+    for column in ("host", "state", "heartbeat", "free pCPUs", "shared load", "instances"):
+        hosts.add_column(column, justify="left" if column in ("host", "state") else "right")
+    for item in report["hosts"]:
+        state = item["state"] + (", disabled" if item["disabled"] else "")
+        age = item["heartbeat_age_s"]
+        hosts.add_row(
+            Text(item["name"]),
+            Text(state, "green" if item["state"] == "up" else "red"),
+            "never" if age is None else f"{age:.0f} s ago",
+            f"{item['pcpus_free']}/{item['pcpus_total']}",
+            f"{item['shared_load']:.2f}",
+            str(item["instances"]),
+        )
+    console.print(hosts)
+    in_flight = report["operations_in_flight"]
+    flying = ", ".join(f"{n} {kind}" for kind, n in in_flight.items()) or "none"
+    console.print(
+        f"hosts: {report['hosts_up']} up, {report['hosts_down']} down · "
+        f"free pCPUs: {report['pcpus_free']} · operations in flight: {flying}",
+        markup=False,
+    )
+    for title, ops in (("Stuck operations", report["stuck"]), ("Failed lately", report["failed"])):
+        if not ops:
+            continue
+        table = Table(title=title)
+        for column in ("operation", "kind", "instance", "host", "step", "attempts", "age", "why"):
+            table.add_column(column)
+        for op in ops:
+            table.add_row(
+                Text(op["id"]),
+                op["kind"],
+                Text(op["instance_id"]),
+                Text(op["host"]),
+                op["step"],
+                str(op["attempts"]),
+                f"{op['age_s']:.0f} s",
+                Text(op["error"]),
+            )
+        console.print(table)
+    if report["hosts_down"] or report["stuck"]:
         raise typer.Exit(1)
 
 

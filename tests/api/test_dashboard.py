@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from tests.api.cloudproc import RunningCloud
+from tests.api.cloudproc import BIN, RunningCloud, start_cloud, stop_cloud
+from tests.e2e.test_seed_evacuation_anti_affinity import take_down
 
 CHROMIUM = os.environ.get("STOWAGE_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
@@ -153,3 +156,97 @@ def test_a_member_sees_only_their_project(cloud: RunningCloud, browser: Any) -> 
     assert page.locator("#server-host").count() == 0  # the host is an admin's to see
     _shot(page, "member-server")
     page.context.close()
+
+
+def test_a_host_evacuation_started_from_its_plan(
+    tmp_path: Path, browser: Any, request: pytest.FixtureRequest
+) -> None:
+    """The plan first (where each instance would go, all planned together), then the
+    evacuation started from the page; a cloud of its own, as its host goes down."""
+    own = start_cloud(tmp_path / "state", "--hosts", "2")
+    request.addfinalizer(lambda: stop_cloud(own))
+    server = own.boot("evac-me", "--availability-zone", "nova:host1", flavor="m1.pinned")
+    page = _log_in(browser, own, "admin", "stowage-admin", "admin")
+    page.goto("/dashboard/hosts/host1/evacuate")
+    assert page.get_by_role("button", name="Start the evacuation").is_disabled()  # host1 is up
+    take_down(own, ["host1"])
+    page.reload()
+    plan = page.locator("#plan tbody tr")
+    assert plan.count() == 1
+    assert plan.first.locator("td").nth(2).inner_text() == "host2"
+    _shot(page, "evacuation-plan")
+    page.get_by_role("button", name="Start the evacuation").click()
+    page.locator("#results").wait_for()
+    assert server["id"] in page.locator("#results").inner_text()
+    page.goto(f"/dashboard/servers/{server['id']}")
+    page.locator("#server-host", has_text="host2").wait_for(timeout=WAIT_MS)  # live, no reload
+    page.context.close()
+
+
+def test_the_cloud_on_one_screen(cloud: RunningCloud) -> None:
+    """`stowage status`, and the metrics the API process serves for it."""
+    hosts = {h["Host Name"] for h in cloud.osc_json("host", "list", "--zone", "nova")}
+    shown = subprocess.run(
+        [str(BIN / "stowage"), "status", "--state-dir", str(cloud.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert all(host in shown.stdout for host in hosts)
+    assert f"hosts: {len(hosts)} up, 0 down" in shown.stdout
+    metrics = httpx.get(
+        f"{cloud.base_url}/metrics", headers={"X-Auth-Token": cloud.token()}, timeout=30
+    ).text
+    assert 'stowage_http_requests_total{method="GET",route="/compute/v2.1/os-stowage-status"' in (
+        metrics
+    )
+    assert "stowage_http_request_seconds_bucket" in metrics
+    for host in hosts:
+        assert f'stowage_host_heartbeat_age_seconds{{host="{host}"}}' in metrics
+
+
+def _form_login(cloud: RunningCloud, client: httpx.Client, password: str, nxt: str) -> Any:
+    form = client.get("/dashboard/login").text
+    csrf = form.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    return client.post(
+        "/dashboard/login",
+        data={
+            "csrf": csrf,
+            "username": "admin",
+            "password": password,
+            "project": "admin",
+            "next": nxt,
+        },
+    )
+
+
+def test_the_session_cookie_and_csrf_are_enforced(cloud: RunningCloud) -> None:
+    """No browser needed: the HTTP contract of the login and of the forms."""
+    with httpx.Client(base_url=cloud.base_url, timeout=30) as client:
+        refused = _form_login(cloud, client, "wrong", "/dashboard/hosts")
+        assert refused.status_code == 401
+        assert "stowage_dashboard=" not in refused.headers.get("set-cookie", "")
+        # A login never redirects off the dashboard.
+        done = _form_login(cloud, client, "stowage-admin", "//elsewhere.example/")
+        assert (done.status_code, done.headers["location"]) == (303, "/dashboard/servers")
+        cookie = next(
+            c for c in done.headers.get_list("set-cookie") if c.startswith("stowage_dashboard=")
+        )
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/dashboard" in cookie
+        # The CSRF check comes before anything else (no server of that id need exist).
+        anywhere = f"/dashboard/servers/{uuid.uuid4()}/live-migrate"
+        for path in (anywhere, "/dashboard/hosts/host1/evacuate", "/dashboard/logout"):
+            for fields in ({}, {"csrf": "forged"}):
+                answer = client.post(path, data=fields)
+                assert answer.status_code == 403, (path, fields)
+                assert "CSRF" in answer.text
+        page = client.get("/dashboard/servers")
+        assert page.status_code == 200  # the session outlived the forged posts
+        feed = client.get("/dashboard/feed").json()
+        assert set(feed) == {"marker", "now"}
+    # Without the cookie: the login page, and the feed tells nothing.
+    anonymous = httpx.get(f"{cloud.base_url}/dashboard/feed", timeout=30)
+    assert anonymous.status_code == 303 and "/dashboard/login" in anonymous.headers["location"]

@@ -95,6 +95,10 @@ class HostCard:
         )
 
     @property
+    def pcpus_total(self) -> int:
+        return sum(1 for cell in self.cells for core in cell.cores for cpu in core if cpu.dedicated)
+
+    @property
     def shared_load(self) -> float:
         """Shared vCPUs placed per shared pCPU (above 1.0: overcommitted)."""
         return self.shared_vcpus_used / len(self.shared_cpus) if self.shared_cpus else 0.0

@@ -13,6 +13,7 @@ from stowage.api.compute import (
     aggregates,
     availability_zones,
     capacity,
+    cloud_status,
     flavors,
     host_evacuate,
     hypervisors,
@@ -54,6 +55,7 @@ _ROUTERS = (
     instance_actions,
     host_evacuate,
     capacity,
+    cloud_status,
     sim,
 )
 
