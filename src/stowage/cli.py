@@ -286,7 +286,7 @@ def up(
 
     os.umask(0o077)  # the ledger, images, disks and keys: the owner's only, from creation
 
-    from stowage.api.app import create_app
+    from stowage.wiring import all_in_one
 
     _Server = _server_class()
     from stowage.services.cloud import CloudConfig
@@ -351,7 +351,7 @@ def up(
     )
     server = _Server(
         uvicorn.Config(
-            create_app(cloud), host=host, port=port, log_level="warning", log_config=None
+            all_in_one(cloud), host=host, port=port, log_level="warning", log_config=None
         )
     )
     try:
@@ -476,7 +476,7 @@ def api_process(
     os.environ["STOWAGE_API_MAX_PER_REQUEST"] = str(max_instances_per_request)
     console.print(f"Stowage APIs at http://{host}:{port} ({workers} worker(s)).")
     uvicorn.run(
-        "stowage.api.app:production_app",
+        "stowage.wiring:production_app",
         factory=True,
         host=host,
         port=port,

@@ -293,3 +293,22 @@ def test_a_reader_lists_servers_but_cannot_create_or_delete_them(cloud: RunningC
     assert stop.status_code == 403
     cloud.osc("server", "delete", "--wait", owned["id"])
     cloud.osc("user", "delete", name)
+
+
+def test_console_log_comes_from_the_guests_host_with_its_length(cloud: RunningCloud) -> None:
+    name = unique("console")
+    server = create(cloud, name)
+    whole = cloud.osc("console", "log", "show", name).stdout
+    assert whole.strip(), "the simulated guest's console is empty"
+    last = cloud.osc("console", "log", "show", "--lines", "1", name).stdout
+    assert last.strip() == whole.strip().splitlines()[-1]
+    token = cloud.token()
+    bad = compute(
+        cloud,
+        token,
+        "POST",
+        f"/servers/{server['id']}/action",
+        json={"os-getConsoleOutput": {"length": -2}},
+    )
+    assert bad.status_code == 400
+    cloud.osc("server", "delete", "--wait", name)

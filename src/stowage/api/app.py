@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import functools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -59,24 +59,19 @@ class _BarePrefix:
         await self.app(scope, receive, send)
 
 
+Runtime = Callable[[Cloud], contextlib.AbstractAsyncContextManager[Any]]
+"""What runs beside the APIs for the app's lifetime (the composition root, `stowage.wiring`,
+chooses it): entered at start-up, it yields a metrics registry to serve or None."""
+
+
 @contextlib.asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
-    """The all-in-one cloud runs its agents, bus and conductor beside the APIs."""
+    """The ledger's change-log pruning and the loop-lag watchdog, and the runtime if any."""
     cloud: Cloud = app.state.cloud
-    local = None
-    rabbit = None
-    bus_url = getattr(app.state, "bus_url", None)
-    if bus_url:
-        from stowage.bus.rabbit import RabbitTransport
-
-        rabbit = await RabbitTransport.connect(bus_url)
-        cloud.bus = rabbit
-    if app.state.local_compute:
-        from stowage.agent.local import LocalCompute
-
-        local = LocalCompute(cloud)
-        cloud.bus = await asyncio.to_thread(local.start_thread)
-        app.state.metrics = local.metrics
+    runtime: Runtime | None = app.state.runtime
+    stack = contextlib.AsyncExitStack()
+    if runtime is not None:
+        app.state.metrics = await stack.enter_async_context(runtime(cloud))
 
     async def prune() -> None:
         while True:
@@ -94,11 +89,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
             running.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await running
-        if local is not None:
-            await asyncio.to_thread(local.stop_thread)
-        elif rabbit is not None:
-            await rabbit.close()
-        cloud.bus = None
+        await stack.aclose()
 
 
 def _api_watchdog(app: Starlette) -> Any:
@@ -190,38 +181,8 @@ async def _unrouted(request: Request, exc: Exception) -> Response:
     )
 
 
-def production_app() -> ASGIApp:
-    """`stowage api`'s app in each worker process: the shared ledger, no local compute."""
-    import os
-    from pathlib import Path
-
-    from stowage.services.cloud import CloudConfig
-    from stowage.services.runtime import open_cloud
-    from stowage.telemetry import configure_logging
-
-    configure_logging(
-        os.environ.get("STOWAGE_LOG_FORMAT", "kv"),
-        os.environ.get("STOWAGE_LOG_LEVEL", "info"),
-        process=f"api:{os.getpid()}",
-    )
-    address, port = os.environ["STOWAGE_API_BASE"].rsplit(":", 1)
-    config = CloudConfig(
-        state_dir=Path(os.environ["STOWAGE_API_STATE_DIR"]),
-        hosts=0,
-        host=address,
-        port=int(port),
-        api_wait_s=float(os.environ.get("STOWAGE_API_WAIT", "0")),
-        max_instances_per_request=int(os.environ.get("STOWAGE_API_MAX_PER_REQUEST", "1000")),
-        lockout_failure_attempts=int(os.environ.get("STOWAGE_API_LOCKOUT_ATTEMPTS", "0")),
-        lockout_duration_s=float(os.environ.get("STOWAGE_API_LOCKOUT_DURATION", "1800")),
-        max_request_body_size=int(os.environ.get("STOWAGE_API_MAX_BODY", DEFAULT_MAX_BODY)),
-    )
-    cloud = open_cloud(config, db_url=os.environ["STOWAGE_API_DB"])
-    return create_app(cloud, local_compute=False, bus_url=os.environ.get("STOWAGE_API_BUS"))
-
-
-def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None = None) -> ASGIApp:
-    """Every API; with `local_compute`, also one simulated agent per host and a conductor."""
+def create_app(cloud: Cloud, *, runtime: Runtime | None = None) -> ASGIApp:
+    """Every API on one port; `runtime` runs beside them (see `stowage.wiring`)."""
     services = {
         "/identity": create_identity_app(cloud),
         "/compute": create_compute_app(cloud),
@@ -245,8 +206,7 @@ def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None 
         ],
     )
     app.state.cloud = cloud
-    app.state.local_compute = local_compute
-    app.state.bus_url = bus_url
+    app.state.runtime = runtime
     return Observed(_BarePrefix(app))
 
 
