@@ -196,6 +196,7 @@ def create_app(cloud: Cloud, *, runtime: Runtime | None = None) -> ASGIApp:
         lifespan=_lifespan,
         exception_handlers={HTTPException: _unrouted},
         middleware=[
+            Middleware(Observed),
             Middleware(BodyLimit, limit=functools.partial(_body_limit, cloud), render=_limit_error)
         ],
         routes=[
@@ -207,7 +208,7 @@ def create_app(cloud: Cloud, *, runtime: Runtime | None = None) -> ASGIApp:
     )
     app.state.cloud = cloud
     app.state.runtime = runtime
-    return Observed(_BarePrefix(app))
+    return _BarePrefix(app)
 
 
 async def _to_dashboard(request: Request) -> Response:

@@ -974,7 +974,7 @@ def _run(cfg: RunConfig) -> RunResult:
             fixture = _populate(url, _config(state, cfg.hosts))
         stack.enter_context(deterministic(random.Random(f"uuid:{cfg.seed}")))
         world = _World(cfg, url, state, fixture)
-        stack.enter_context(_patched(networks, "_ipam_lock", world.api.ipam_lock))
+        stack.enter_context(_patched(networks.addresses, "_ipam_lock", world.api.ipam_lock))
         stack.enter_context(_errors_logged(world))
         loop = VirtualLoop(world.clock)
         # Not in the trace: "never retrieved" reports come when the garbage collector runs.
