@@ -139,13 +139,32 @@ def test_capacity_what_if_matches_the_api(cloud: RunningCloud, browser: Any) -> 
 
 def test_a_member_sees_only_their_project(cloud: RunningCloud, browser: Any) -> None:
     theirs = cloud.boot(f"dash-admin-{uuid.uuid4().hex[:6]}")
-    mine = cloud.boot(f"dash-demo-{uuid.uuid4().hex[:6]}", cloud="stowage")
+    group_name = f"dash-spread-{uuid.uuid4().hex[:6]}"
+    group = cloud.osc_json(
+        "server", "group", "create", "--policy", "anti-affinity", group_name, cloud="stowage"
+    )
+    mine = cloud.boot(
+        f"dash-demo-{uuid.uuid4().hex[:6]}", "--hint", f"group={group['id']}", cloud="stowage"
+    )
     page = _log_in(browser, cloud, "demo", "stowage-demo", "demo")
     listed = set(page.locator("table.servers tbody tr[data-server]").evaluate_all(
         "rows => rows.map(r => r.dataset.server)"
     ))  # fmt: skip
     assert mine["id"] in listed
     assert theirs["id"] not in listed
+    page.get_by_label("Name").fill(mine["name"])
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url("**name=*")
+    rows = page.locator("table.servers tbody tr[data-server]")
+    assert rows.count() == 1 and rows.first.get_attribute("data-server") == mine["id"]
+    # Their group: its member on one host, every other host still free for one more.
+    page.goto("/dashboard/groups")
+    section = page.locator("section.group", has_text=group_name)
+    assert "anti-affinity" in section.locator("h2").inner_text()
+    member_row = section.locator("tbody tr", has=page.locator(f'a[href$="{mine["id"]}"]'))
+    assert member_row.locator("td").last.inner_text() == "0"  # at most 1 per host: full
+    assert section.locator("tbody tr").count() >= 2
+    _shot(page, "groups")
     page.goto(f"/dashboard/servers/{theirs['id']}")
     assert page.locator("[role=alert]").inner_text() == (
         f"Instance {theirs['id']} could not be found."

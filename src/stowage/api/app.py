@@ -197,7 +197,7 @@ def create_app(cloud: Cloud, *, runtime: Runtime | None = None) -> ASGIApp:
         exception_handlers={HTTPException: _unrouted},
         middleware=[
             Middleware(Observed),
-            Middleware(BodyLimit, limit=functools.partial(_body_limit, cloud), render=_limit_error)
+            Middleware(BodyLimit, limit=functools.partial(_body_limit, cloud), render=_limit_error),
         ],
         routes=[
             Route("/metrics", _metrics),

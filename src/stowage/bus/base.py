@@ -9,7 +9,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from stowage.telemetry import bind, logger
+from stowage.telemetry import bind, current_request_id, logger
 
 __all__ = [
     "OP_IDS_MAX",
@@ -26,6 +26,7 @@ __all__ = [
     "failure_envelope",
     "success_envelope",
     "unwrap",
+    "with_request_id",
 ]
 
 Payload = dict[str, Any]
@@ -88,6 +89,15 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Stop serving and release connections; pending calls fail with BusClosed."""
         ...
+
+
+def with_request_id(payload: Payload) -> Payload:
+    """A copy of `payload` carrying the request id bound to the sender's work (if any and
+    if the payload names none), so the receiver's log lines carry it too."""
+    rid = current_request_id()
+    if rid is None or payload.get("request_id"):
+        return dict(payload)
+    return {**payload, "request_id": rid}
 
 
 def success_envelope(result: Payload) -> Payload:

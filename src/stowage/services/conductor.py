@@ -353,8 +353,6 @@ class Conductor:
                 {
                     "instance_id": op.instance_id,
                     "issued_at": self.cloud.clock(),
-                    # Carried over the bus: the agent binds it to its own log lines.
-                    "request_id": op.payload.get("request_id"),
                     **payload,
                 },
                 op_id=op.call_id + suffix,
