@@ -192,21 +192,30 @@ class Operations:
                 .limit(limit + len(exclude))
             ).scalars()
             candidates = [op_id for op_id in due if op_id not in exclude][:limit]
-        taken: list[str] = []
-        for op_id in candidates:
-            with self.engine.begin() as conn:
-                won = conn.execute(
-                    update(operations)
-                    .where(
-                        operations.c.id == op_id,
-                        operations.c.state.in_(ACTIVE_STATES),
-                        free,
-                    )
-                    .values(owner=owner, lease_until=now + lease_s)
-                ).rowcount
-            if won:
-                taken.append(op_id)
-        return [op for op in (self.find(i) for i in taken) if op is not None]
+        if not candidates:
+            return []
+        # One guarded UPDATE takes every candidate still free (each row's condition is checked
+        # as it is written, so two conductors never both win one), then the same transaction
+        # reads what it won: one commit per poll, not one per operation and a read per win.
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(operations)
+                .where(
+                    operations.c.id.in_(candidates),
+                    operations.c.state.in_(ACTIVE_STATES),
+                    free,
+                )
+                .values(owner=owner, lease_until=now + lease_s)
+            )
+            rows = conn.execute(
+                select(operations).where(
+                    operations.c.id.in_(candidates),
+                    operations.c.state.in_(ACTIVE_STATES),
+                    operations.c.owner == owner,
+                )
+            ).all()
+        won = {row.id: _row(row) for row in rows}
+        return [won[op_id] for op_id in candidates if op_id in won]
 
     def renew(self, owner: str, op_ids: Sequence[str], *, lease_s: float) -> None:
         if not op_ids:

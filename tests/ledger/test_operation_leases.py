@@ -1,0 +1,68 @@
+"""Leasing due operations (ledger/operations.py): one guarded UPDATE per poll, and still
+every operation is held by one conductor at a time, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from stowage.ledger import Ledger
+from stowage.ledger.operations import Operations
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Iterator[Ledger]:
+    ledger = Ledger.open(db_url)
+    yield ledger
+    ledger.close()
+
+
+def test_a_poll_takes_what_is_free_and_only_that(ledger: Ledger) -> None:
+    clock = Clock()
+    ops = Operations(ledger.engine, clock=clock)
+    ids = []
+    for n in range(5):
+        ids.append(ops.enqueue("build", f"i{n}", "h", step="spawn"))
+        clock.now += 1  # oldest first
+    first = ops.lease("a", lease_s=60, limit=3)
+    assert [op.id for op in first] == ids[:3]  # up to the limit
+    second = ops.lease("b", lease_s=60, limit=10)
+    assert [op.id for op in second] == ids[3:]  # a's leases hold
+    assert ops.lease("b", lease_s=60, limit=10, exclude=frozenset(ids[3:])) == []
+    clock.now += 61  # a's leases run out: b may take them
+    assert [op.id for op in ops.lease("b", lease_s=60, limit=10)] == ids
+
+
+def test_racing_conductors_never_share_an_operation(ledger: Ledger) -> None:
+    ops = Operations(ledger.engine)
+    ids = {ops.enqueue("build", f"i{n}", "h", step="spawn") for n in range(60)}
+    won: dict[str, list[str]] = {}
+    barrier = threading.Barrier(4)
+
+    def conductor(owner: str) -> None:
+        barrier.wait()
+        taken: list[str] = []
+        for _ in range(10):
+            taken += [op.id for op in ops.lease(owner, lease_s=60, limit=4)]
+        won[owner] = taken
+
+    threads = [threading.Thread(target=conductor, args=(f"c{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [op_id for taken in won.values() for op_id in taken]
+    # A conductor may lease again what it holds (as before); no two conductors hold one.
+    owners = {op_id: {o for o, taken in won.items() if op_id in taken} for op_id in every}
+    assert all(len(held_by) == 1 for held_by in owners.values())
+    assert set(every) <= ids
