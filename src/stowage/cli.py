@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -274,6 +275,22 @@ def up(
             "--virt-type", help="libvirt: kvm or qemu (TCG); default: kvm if a KVM guest runs."
         ),
     ] = None,
+    host_ip: Annotated[
+        str | None,
+        typer.Option(
+            "--host-ip",
+            help="The compute hosts' address, shown by os-hypervisors (Nova's my_ip; "
+            "default: this machine's address on its default route).",
+        ),
+    ] = None,
+    resume_guests_state_on_host_boot: Annotated[
+        bool,
+        typer.Option(
+            "--resume-guests-state-on-host-boot/--no-resume-guests-state-on-host-boot",
+            help="At start, start the guests that were running when the cloud stopped "
+            "(libvirt's daemons stop with it); without, they show SHUTOFF.",
+        ),
+    ] = True,
     log_format: LogFormat = "kv",
     log_level: LogLevel = "info",
 ) -> None:
@@ -317,6 +334,8 @@ def up(
         admin_password=bootstrap_password,
         lease_s=lease_seconds,
         running_deleted_instance_action=running_deleted_instance_action,
+        host_ip=host_ip,
+        resume_guests_state_on_host_boot=resume_guests_state_on_host_boot,
     )
     if topology is not None:
         from stowage.domain.errors import InvalidSpec
@@ -554,23 +573,54 @@ def agent_process(
         str | None, typer.Option("--cpu-shared-set", help="libvirt: CPUs for shared vCPUs.")
     ] = None,
     image_api: Annotated[
-        str, typer.Option("--image-api", help="libvirt: the image API images are fetched from.")
+        str,
+        typer.Option(
+            "--image-api", help="The image API: images fetched (libvirt), snapshots sent."
+        ),
     ] = "http://127.0.0.1:8880/image",
+    auth_url: Annotated[
+        str | None,
+        typer.Option(
+            "--auth-url", help="The identity API (default: beside --image-api, /identity)."
+        ),
+    ] = None,
+    auth_user: Annotated[str, typer.Option("--auth-user", help="The agent's user.")] = "admin",
+    auth_project: Annotated[
+        str, typer.Option("--auth-project", help="The agent's project.")
+    ] = "admin",
+    auth_password: Annotated[
+        str,
+        typer.Option(
+            "--auth-password", envvar="STOWAGE_AUTH_PASSWORD", help="The agent user's password."
+        ),
+    ] = "stowage-admin",
+    host_ip: Annotated[
+        str | None,
+        typer.Option(
+            "--host-ip",
+            help="This host's address, shown by os-hypervisors (Nova's my_ip; "
+            "default: this machine's address on its default route).",
+        ),
+    ] = None,
     log_format: LogFormat = "kv",
     log_level: LogLevel = "info",
     metrics_port: MetricsPort = 0,
     metrics_host: MetricsHost = "127.0.0.1",
 ) -> None:
-    """Production: one host's compute agent (registers the host, heartbeats, runs its work)."""
+    """Production: one host's compute agent (registers the host, heartbeats, runs its work).
+
+    It talks to the image API as `--auth-user` (a token from the identity API, as Nova's
+    service user): nothing is shared with the API's host but the ledger and the bus."""
     import asyncio
     import functools
 
     from stowage.agent.metrics import AgentMetrics
-    from stowage.agent.processes import make_driver, run_agent, run_until_signal
+    from stowage.agent.processes import http_image_sink, make_driver, run_agent, run_until_signal
     from stowage.services.cloud import default_hosts
     from stowage.services.dashboard import heartbeat_ages
     from stowage.telemetry import serve_metrics
     from stowage.telemetry.metrics import watch_heartbeats
+    from stowage.virt.images import PasswordToken
 
     _configure_logs(log_format, log_level, f"agent:{host_name}")
 
@@ -594,9 +644,11 @@ def agent_process(
         from dataclasses import replace
 
         spec = replace(spec, name=host_name)
+    identity = auth_url or image_api.rstrip("/").removesuffix("/image") + "/identity"
+    token = PasswordToken(identity, auth_user, auth_password, auth_project)
     if driver == "libvirt":
         the_driver = _libvirt_agent_driver(
-            cloud,
+            token,
             spec if topology is not None else None,
             state_dir.resolve() / "agents" / host_name,
             libvirt_uri,
@@ -618,16 +670,19 @@ def agent_process(
     if metrics_port:
         serve_metrics(metrics_port, metrics_host, metrics.registry)
     console.print(f"agent of {host_name} ({driver}) running")
+    sink = http_image_sink(image_api, token)
     asyncio.run(
         run_until_signal(
-            lambda stop: run_agent(cloud, spec, the_driver, bus, stop, metrics=metrics)
+            lambda stop: run_agent(
+                cloud, spec, the_driver, bus, stop, sink, host_ip, metrics=metrics
+            )
         )
     )
     cloud.ledger.close()
 
 
 def _libvirt_agent_driver(
-    cloud: Any,
+    token: Callable[[], str],
     spec: Any,
     disk_dir: Path,
     uri: str,
@@ -638,8 +693,7 @@ def _libvirt_agent_driver(
     image_api: str,
 ) -> Any:
     """A production agent's libvirt driver: the host's topology from libvirt (unless the
-    topology file gives it), images over HTTP with the cloud's own admin token."""
-    from stowage.agent.local import service_token
+    topology file gives it), images over HTTP with the agent user's token."""
     from stowage.agent.processes import make_driver
     from stowage.domain.topology import parse_cpu_set
     from stowage.virt.driver import DriverError
@@ -660,7 +714,7 @@ def _libvirt_agent_driver(
             disk_dir,
             libvirt_uri=uri,
             virt_type=virt_type,
-            image_fetcher=HttpImageFetcher(image_api, lambda: service_token(cloud)),
+            image_fetcher=HttpImageFetcher(image_api, token),
             cpu_dedicated_set=cpus(cpu_dedicated_set, "cpu_dedicated_set"),
             cpu_shared_set=cpus(cpu_shared_set, "cpu_shared_set"),
         )

@@ -48,10 +48,12 @@ def rabbit_bus(url: str) -> Any:
 
     @contextlib.asynccontextmanager
     async def run(cloud: Cloud) -> AsyncIterator[None]:
+        from stowage.bus.base import LoopBridge
         from stowage.bus.rabbit import RabbitTransport
 
         rabbit = await RabbitTransport.connect(url)
-        cloud.bus = rabbit
+        # Handlers run off this loop (`run_off_loop`): their calls cross back into it.
+        cloud.bus = LoopBridge(asyncio.get_running_loop(), rabbit)
         try:
             yield None
         finally:

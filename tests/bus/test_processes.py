@@ -75,7 +75,7 @@ def production(
     drivers = [
         ("--driver", "sim"),
         ("--driver", "sim"),
-        (*LIBVIRT, "--image-api", f"{base}/image") if HAVE_LIBVIRT else ("--driver", "sim"),
+        (*LIBVIRT,) if HAVE_LIBVIRT else ("--driver", "sim"),
     ]
     others += [
         spawn(
@@ -86,6 +86,8 @@ def production(
             *common,
             "--heartbeat-interval",
             "1",
+            "--image-api",  # snapshots go there over HTTP (and libvirt fetches images)
+            f"{base}/image",
             *driver,
             *(("--metrics-port", str(metrics[h])) if h in metrics else ()),
         )

@@ -34,9 +34,11 @@ from stowage.api.dashboard import create_dashboard_app
 from stowage.api.identity import create_identity_app
 from stowage.api.image import create_image_app
 from stowage.api.limits import DEFAULT_MAX_BODY, BodyLimit
+from stowage.api.metadata import create_ec2_metadata_app, create_openstack_metadata_app
 from stowage.api.network import create_network_app
 from stowage.api.observed import Observed
 from stowage.api.placement import create_placement_app
+from stowage.api.volume import create_volume_app
 from stowage.services.cloud import Cloud
 from stowage.services.dashboard import heartbeat_ages
 from stowage.telemetry import REGISTRY
@@ -44,7 +46,16 @@ from stowage.telemetry.metrics import watch_heartbeats
 
 __all__ = ["create_app"]
 
-PREFIXES = ("/identity", "/compute", "/image", "/networking", "/placement")
+PREFIXES = (
+    "/identity",
+    "/compute",
+    "/image",
+    "/networking",
+    "/placement",
+    "/volume",
+    "/openstack",
+    "/latest",
+)
 
 
 class _BarePrefix:
@@ -164,6 +175,7 @@ _STYLES: dict[str, ErrorStyle] = {
     "image": image_error,
     "networking": network_error,
     "placement": placement_error,
+    "volume": compute_error,
 }
 
 
@@ -189,6 +201,10 @@ def create_app(cloud: Cloud, *, runtime: Runtime | None = None) -> ASGIApp:
         "/image": create_image_app(cloud),
         "/networking": create_network_app(cloud),
         "/placement": create_placement_app(cloud),
+        "/volume": create_volume_app(cloud),
+        # The metadata service, for the instance a metadata proxy names (api/metadata).
+        "/openstack": create_openstack_metadata_app(cloud),
+        "/latest": create_ec2_metadata_app(cloud),
     }
     for service in services.values():
         run_off_loop(service)

@@ -18,6 +18,7 @@ __all__ = [
     "BusTimeout",
     "Calls",
     "Handler",
+    "LoopBridge",
     "RemoteError",
     "ReplyCache",
     "Transport",
@@ -67,6 +68,32 @@ class Calls(Protocol):
     async def call(
         self, topic: str, method: str, payload: Payload, *, op_id: str, timeout_s: float
     ) -> Payload: ...
+
+
+class LoopBridge:
+    """Calls on a bus that lives on one event loop, made from any loop or thread.
+
+    A bus's connection and futures belong to the loop that opened it (aio-pika's do); API
+    handlers run off that loop, each worker thread on a loop of its own, so their calls
+    cross into the bus's loop and wait there.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, bus: Calls) -> None:
+        self._loop = loop
+        self._bus = bus
+
+    async def call(
+        self, topic: str, method: str, payload: Payload, *, op_id: str, timeout_s: float
+    ) -> Payload:
+        coro = self._bus.call(topic, method, payload, op_id=op_id, timeout_s=timeout_s)
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            return await coro
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return await asyncio.wrap_future(future)
 
 
 class Transport(Protocol):

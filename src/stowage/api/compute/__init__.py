@@ -30,6 +30,8 @@ from stowage.api.compute import (
     server_metadata,
     servers,
     sim,
+    unsupported,
+    volume_attachments,
 )
 from stowage.api.compute.microversion import MAX_VERSION, MIN_VERSION, install_microversions
 from stowage.services.cloud import Cloud
@@ -57,6 +59,8 @@ _ROUTERS = (
     capacity,
     cloud_status,
     sim,
+    unsupported,
+    volume_attachments,
 )
 
 
