@@ -15,8 +15,13 @@ from stowage.ledger.db import READONLY
 from stowage.ledger.storage import pool_usage
 from stowage.services.caller import SystemCaller
 from stowage.services.cloud import Cloud
-from stowage.services.volumes import InvalidVolume, VolumeQuotaExceeded, register_pool
-from stowage.services.volumes import attach, volumes
+from stowage.services.volumes import (
+    InvalidVolume,
+    VolumeQuotaExceeded,
+    attach,
+    register_pool,
+    volumes,
+)
 
 
 class Caller(SystemCaller):
