@@ -15,13 +15,16 @@ destination (`abort_dest`) as soon as that agent answers, ending `failed`: no st
 
 Steps per kind (the host each talks to in brackets):
 
-    build          spawn [dest]
+    build          spawn [dest]   (its new volumes driven first, each attached after)
     delete         destroy [host] -> claims released, instance gone
     cleanup        destroy [host]               (what is left on a host after a move or a
                                                  delete while that host was down)
     power          power [host]
     rebuild        destroy [host] -> spawn [host]
     snapshot       snapshot [host]
+    shelve         destroy [host] -> claims released, SHELVED_OFFLOADED (volume-backed)
+    volume-attach  attach_volume [host] -> attachment completed, or undone
+    volume-detach  detach_volume [host] -> attachment ended, or the volume in-use again
     live-migration prepare [dest] -> source_cleanup [source] -> completed
     evacuation     prepare [dest] -> done; a cleanup op for the (down) source
     migration      prepare [dest] -> finished (VERIFY_RESIZE)
@@ -557,6 +560,21 @@ class Conductor:
             cloud.ledger.release(op.instance_id, also=gone)
             for volume_id in doomed:
                 volume_service.drive(cloud, "volume", volume_id)
+        elif op.kind == "shelve":
+            from stowage.services.shelve import offloaded
+
+            # Offloaded: every claim of the server goes with the document that says so.
+            def shelved(conn: Connection) -> None:
+                found = cloud.objects.find_in(conn, "instance", op.instance_id)
+                if found is not None:
+                    after = offloaded(found.body)
+                    write_instance(cloud, op.instance_id, found.body, after, conn=conn)
+                self.ops.advance(conn, op.id, state="done", result=reply)
+
+            cloud.ledger.release(op.instance_id, forget=False, also=shelved)
+            doc = cloud.objects.find("instance", op.instance_id)
+            if doc is not None:
+                _event(cloud, op, doc.body, "Success", None)
         elif op.kind == "rebuild":
             self.ops.update(op.id, step="spawn")
         elif op.migration_id is not None:

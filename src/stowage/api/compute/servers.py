@@ -545,7 +545,15 @@ async def settled(cloud: Cloud, instance_ids: list[str]) -> None:
 
 _ADMIN_ACTIONS = {"os-resetState", "os-migrateLive", "migrate", "evacuate"}
 # Nova's @check_instance_lock: a locked server refuses these to anyone but an admin.
-_LOCK_CHECKED = {"resize", "confirmResize", "revertResize", "rebuild", "createBackup"}
+_LOCK_CHECKED = {
+    "resize",
+    "confirmResize",
+    "revertResize",
+    "rebuild",
+    "createBackup",
+    "shelve",
+    "unshelve",
+}
 # Nova's defaults: moving servers between hosts is for admins; resizing is for owners.
 
 
@@ -605,7 +613,11 @@ async def server_action(request: Request, server_id: str) -> Response:
         return await _rebuild(request, ctx, doc, args)
     if action in EXTRA_ACTIONS:
         return await extra_action(request, ctx, doc, action, args)
+    from stowage.api.compute.shelving import SHELVE_ACTIONS, shelve_action
     from stowage.api.compute.unsupported import UNSUPPORTED_ACTIONS, refuse_action
+
+    if action in SHELVE_ACTIONS:
+        return await shelve_action(request, ctx, doc, action, args)
 
     if action in UNSUPPORTED_ACTIONS or action == "forceDelete":
         refuse_action(doc, action, mv(request))

@@ -21,9 +21,6 @@ router = APIRouter()
 # Actions Nova has and this cloud's conductor does not drive yet: (status, why). 501 is
 # Nova's answer when the virt driver lacks the feature (common.raise_feature_not_supported).
 UNSUPPORTED_ACTIONS: dict[str, tuple[int, str]] = {
-    "shelve": (501, "Shelving servers is not supported by this cloud yet."),
-    "shelveOffload": (501, "Shelving servers is not supported by this cloud yet."),
-    "unshelve": (501, "Shelving servers is not supported by this cloud yet."),
     "rescue": (501, "Rescuing servers is not supported by this cloud's hypervisors yet."),
     "unrescue": (501, "Rescuing servers is not supported by this cloud's hypervisors yet."),
     "changePassword": (501, "Setting an admin password is not supported by this cloud's guests."),
