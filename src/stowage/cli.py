@@ -244,6 +244,14 @@ def up(
             "--virt-type", help="libvirt: kvm or qemu (TCG); default: kvm if a KVM guest runs."
         ),
     ] = None,
+    volume_dir: Annotated[
+        Path | None,
+        typer.Option("--volume-dir", help="Block storage's files (default: <state-dir>/volumes)."),
+    ] = None,
+    volume_gb: Annotated[
+        int,
+        typer.Option("--volume-gb", min=1, help="Block storage pool capacity (GiB), when new."),
+    ] = 1000,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import os
@@ -283,6 +291,8 @@ def up(
         admin_password=bootstrap_password,
         lease_s=lease_seconds,
         running_deleted_instance_action=running_deleted_instance_action,
+        volume_dir=volume_dir.resolve() if volume_dir is not None else None,
+        volume_pool_gb=volume_gb,
     )
     if topology is not None:
         from stowage.domain.errors import InvalidSpec
