@@ -49,6 +49,7 @@ _GUEST_METHODS = frozenset(
         "suspend",
         "resume",
         "prepare_migration",
+        "export_disk",
         "live_migrate",
         "migration_progress",
         "finish_migration",
@@ -273,6 +274,8 @@ class AgentServer:
                 guest = Guest.from_payload(payload)
                 handle = await agent.in_driver_pool(driver.prepare_migration, instance_id, guest)
                 return {"ok": True, "handle": handle}
+            if method == "export_disk":
+                return {"ok": True, "handle": await agent.export_disk(instance_id)}
         except DriverError as exc:
             return {"ok": False, "code": exc.code, "error": exc.message}
         if method == "live_migrate":
@@ -329,7 +332,10 @@ class AgentServer:
             await upload.abort()
             code = getattr(exc, "code", "agent.snapshot.failed")
             return {"ok": False, "code": code, "error": str(exc)}
-        await upload.commit()
+        try:
+            await upload.commit()
+        except DriverError as exc:  # the image service refused the data (an HTTP upload)
+            return {"ok": False, "code": exc.code, "error": exc.message}
         return {"ok": True, "bytes": sent}
 
     # -- simulation controls -----------------------------------------------------------

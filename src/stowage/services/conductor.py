@@ -61,10 +61,13 @@ from stowage.services.instances import write_instance
 from stowage.services.migrations import REQUESTS, settled_status
 from stowage.services.volumes import server_volumes
 from stowage.services.volumes import volumes as volume_service
+from stowage.telemetry import bind, logger
+from stowage.telemetry.metrics import OPERATION_SECONDS, OPERATION_STEP_SECONDS
 
 __all__ = ["Conductor", "ConductorConfig", "claim_of", "conductor_config"]
 
 log = logging.getLogger(__name__)
+steps = logger("stowage.services.conductor.steps")
 
 Reply = dict[str, Any]
 
@@ -78,6 +81,7 @@ POWER_METHODS = {
     "resume": "resume",
 }
 MOVE_KINDS = ("live-migration", "evacuation", "migration", "resize")
+COLD_MOVES = ("migration", "resize")  # the destination takes the source's disk
 _AFTER_POWER = {
     "os-stop": ("SHUTOFF", "stopped", 4),
     "os-start": ("ACTIVE", "active", 1),
@@ -281,11 +285,17 @@ class Conductor:
     # -- one operation -----------------------------------------------------------------
 
     async def _drive(self, op: Operation) -> None:
+        # Every line of this operation's work, here and (over the bus) in the agents, carries
+        # the request id of the API request that started it.
+        with bind(request_id=op.payload.get("request_id"), op_id=op.id, op_kind=op.kind):
+            await self._drive_bound(op)
+
+    async def _drive_bound(self, op: Operation) -> None:
         try:
             current: Operation | None = op
             while current is not None and not current.finished:
                 try:
-                    await self._step(current)
+                    await self._timed_step(current)
                 except _Wait as why:
                     await asyncio.to_thread(self._retry_later, current, str(why), why.failed)
                     return
@@ -294,6 +304,10 @@ class Conductor:
                     await asyncio.to_thread(self._give_up, current, str(exc))
                     return
                 current = await asyncio.to_thread(self.ops.find, current.id)
+            if current is not None and current.finished:
+                age_s = max(0.0, self.cloud.clock() - current.created_at)
+                OPERATION_SECONDS.labels(current.kind, current.state).observe(age_s)
+                steps.info("operation ended", state=current.state, age_s=round(age_s, 3))
         except OperationEnded as exc:
             # Another writer (a delete) ended it meanwhile: nothing of this step committed.
             log.info("operation %s (%s) ended elsewhere: %s", op.id, op.kind, exc)
@@ -342,7 +356,11 @@ class Conductor:
                 compute_topic(op.host),
                 method,
                 # `issued_at`: the agent's fence against a call the bus delivers late.
-                {"instance_id": op.instance_id, "issued_at": self.cloud.clock(), **payload},
+                {
+                    "instance_id": op.instance_id,
+                    "issued_at": self.cloud.clock(),
+                    **payload,
+                },
                 op_id=op.call_id + suffix,
                 timeout_s=self.config.call_timeout_s,
             )
@@ -359,6 +377,22 @@ class Conductor:
     async def _step(self, op: Operation) -> None:
         handler = getattr(self, "_step_" + op.step)
         await handler(op)
+
+    async def _timed_step(self, op: Operation) -> None:
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            await self._step(op)
+            outcome = "done"
+        except _Wait:
+            outcome = "wait"
+            raise
+        finally:
+            elapsed_s = time.perf_counter() - started
+            OPERATION_STEP_SECONDS.labels(op.kind, op.step).observe(elapsed_s)
+            steps.info(
+                "step", step=op.step, outcome=outcome, duration_ms=round(elapsed_s * 1000, 1)
+            )
 
     # -- steps ---------------------------------------------------------------------------
 
@@ -667,8 +701,21 @@ class Conductor:
             **claim,
         }
         # A live migration's destination only makes room (the disk on its cached image): the
-        # guest itself arrives with its memory. Every other move builds it there.
+        # guest itself arrives with its memory. Every other move builds it there: a cold
+        # migration or a resize on the source's disk, moved (its data kept, as in Nova); an
+        # evacuation (the source is down) from the image.
         live = op.kind == "live-migration"
+        if op.kind in COLD_MOVES:
+            at_source = dataclasses.replace(op, host=str(record["source_compute"]))
+            try:
+                exported = await self._call(at_source, "export_disk", {}, suffix=":export")
+            except _Wait as why:
+                exported = {"ok": False, "error": f"no answer: {why}"}
+            if not exported.get("ok"):
+                reason = f"the source could not hand over the disk: {exported.get('error')}"
+                await asyncio.to_thread(self._to_abort, op, "failed", reason)
+                return
+            guest["disk_source"] = dict(exported.get("handle") or {})
         try:
             reply = await self._call(op, "prepare_migration" if live else "spawn", guest)
         except _Wait as why:

@@ -56,6 +56,12 @@ class FaultKind(StrEnum):
     CRASH = "crash"  # raise DriverCrashed: the outcome is unknown
 
 
+# Instance -> when its source paused it for the switch-over (monotonic), for the downtime
+# the destination reports: the simulated hosts of one cloud share this process.
+_SWITCHOVER_AT: dict[str, float] = {}
+_SWITCHOVER_LOCK = threading.Lock()
+
+
 @dataclass
 class SimConfig:
     """Latencies in seconds; `step_latency_s` keys are "op.step" or a bare "step"."""
@@ -182,8 +188,20 @@ class SimDriver:
                 raise DriverError(f"instance {instance_id} already exists", code="virt.exists")
         disk = self.disk_dir / f"{instance_id}.img"
         self._step("spawn", "create_disk")
-        with self._lock:
-            data = self._rng.randbytes(self.config.disk_bytes)
+        source = (guest.disk_source or {}).get("path")
+        if source:
+            # A cold migration's or resize's destination: the source's disk, moved.
+            staged = Path(str(source))
+            try:
+                data = staged.read_bytes()
+            except FileNotFoundError:
+                raise DriverError(
+                    f"the moved disk {staged} is gone", code="virt.sim.no_moved_disk"
+                ) from None
+            staged.unlink(missing_ok=True)
+        else:
+            with self._lock:
+                data = self._rng.randbytes(self.config.disk_bytes)
         disk.write_bytes(data)
         self._step("spawn", "define")
         with self._lock:
@@ -230,6 +248,7 @@ class SimDriver:
             self._instances.pop(instance_id, None)
         self._step("destroy", "delete_disk")
         inst.disk.unlink(missing_ok=True)
+        inst.disk.with_suffix(".outgoing").unlink(missing_ok=True)
 
     def reboot(self, instance_id: str) -> None:
         self._record("reboot", instance_id)
@@ -272,6 +291,14 @@ class SimDriver:
         self._step("read_disk", "open")
         # A generator would defer the checks above to the first next(); return one instead.
         return self._chunks(disk, chunk_bytes)
+
+    def export_disk(self, instance_id: str) -> dict[str, Any]:
+        """A copy of the disk beside it (the simulated hosts share this machine)."""
+        self._record("export_disk", instance_id)
+        disk = self._get(instance_id).disk
+        staged = disk.with_suffix(".outgoing")
+        shutil.copyfile(disk, staged)
+        return {"path": str(staged)}
 
     def console_output(self, instance_id: str, length: int | None = None) -> str:
         with self._lock:
@@ -349,6 +376,10 @@ class SimDriver:
             self._step("migrate", "transfer")
             if progress is not None:
                 progress(MigrationProgress(total, total, 0))
+            # The guest pauses here and runs again when the destination takes it: that
+            # window is the migration's downtime (the destination's console reports it).
+            with _SWITCHOVER_LOCK:
+                _SWITCHOVER_AT[instance_id] = time.monotonic()
             self._step("migrate", "switch")
         finally:
             with self._lock:
@@ -368,10 +399,15 @@ class SimDriver:
         self._record("finish_migration", instance_id)
         inst = self._get(instance_id)
         self._step("finish_migration", "start")
+        with _SWITCHOVER_LOCK:
+            paused_at = _SWITCHOVER_AT.pop(instance_id, None)
+        arrived = f"sim: {instance_id} arrived"
+        if paused_at is not None:  # the source ran in this process (the all-in-one cloud)
+            arrived += f" after a {(time.monotonic() - paused_at) * 1000:.1f} ms pause"
         with self._lock:
             inst.migrating = False
             inst.state = InstanceState.RUNNING
-            inst.console.append(f"sim: {instance_id} arrived")
+            inst.console.append(arrived)
 
     def abort_migration(self, instance_id: str) -> None:
         if self.migration_progress(instance_id) is None:

@@ -262,6 +262,10 @@ def check_nics(cloud: Cloud, ctx: Context, networks: Any, version: Version) -> A
     """The NICs asked for, checked now as the caller may use them (Nova's validate_networks):
     a network or port the caller cannot see is "not found", whether or not it exists.
     `auto` becomes the project's one available network (get-me-a-network)."""
+    if networks is None:
+        # Before 2.37 `networks` may be left out: the server gets the available network, as
+        # "auto" would. (From 2.37 Nova requires it; it is taken as "auto" here too.)
+        return _auto_network(cloud, ctx)
     if isinstance(networks, str) and version < (2, 37):
         raise ApiError(400, f"Invalid input for field/attribute networks. Value: {networks}.")
     if networks == "auto":

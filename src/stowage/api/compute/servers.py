@@ -61,6 +61,7 @@ from stowage.services.compute_catalog import visible_flavor
 from stowage.services.images import properties_of
 from stowage.services.instances import write_instance
 from stowage.services.migrations import confirm_resize, move, revert_resize
+from stowage.services.server_security_groups import security_group_names
 
 router = APIRouter()
 
@@ -283,7 +284,7 @@ def _parse_create(request: Request, cloud: Cloud, ctx: Context, body: Any) -> Bu
     if isinstance(group, list):
         group = group[0] if group else None
     check_group(cloud, ctx, str(group) if group else None)
-    networks = check_nics(cloud, ctx, server.get("networks", "auto"), version)
+    networks = check_nics(cloud, ctx, server.get("networks"), version)
     return BuildRequest(
         name=name,
         flavor=dict(flavor.body),
@@ -301,8 +302,7 @@ def _parse_create(request: Request, cloud: Cloud, ctx: Context, body: Any) -> Bu
         metadata=check_metadata(server.get("metadata") or {}),
         key_name=server.get("key_name"),
         description=server.get("description"),
-        security_groups=[g.get("name", "default") for g in server.get("security_groups") or []]
-        or ["default"],
+        security_groups=security_group_names(cloud, ctx, server.get("security_groups")),
         hints=dict(hints),
         image_properties=image_properties,
         tags=list(server.get("tags") or []),
