@@ -79,7 +79,6 @@ def test_boot_from_volume_attach_detach_and_delete_on_termination(
     assert not (volume_dir(cloud) / f"volume-{data.id}").exists()
     assert api.status(root_id) == "available"
     sdk.block_storage.delete_volume(root_id)
-    audit_clean(cloud)
 
 
 def test_a_mapping_of_a_volume_in_use_or_a_missing_image_is_refused(cloud: RunningCloud) -> None:
