@@ -301,6 +301,14 @@ def up(
         int,
         typer.Option("--volume-gb", min=1, help="Block storage pool capacity (GiB), when new."),
     ] = 1000,
+    reclaim_instance_interval: Annotated[
+        float,
+        typer.Option(
+            "--reclaim-instance-interval",
+            min=0,
+            help="Seconds a deleted server stays SOFT_DELETED (restorable); 0: deletes are final.",
+        ),
+    ] = 0.0,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import os
@@ -344,6 +352,7 @@ def up(
         running_deleted_instance_action=running_deleted_instance_action,
         volume_dir=volume_dir.resolve() if volume_dir is not None else None,
         volume_pool_gb=volume_gb,
+        reclaim_instance_interval_s=reclaim_instance_interval,
         host_ip=host_ip,
         resume_guests_state_on_host_boot=resume_guests_state_on_host_boot,
     )

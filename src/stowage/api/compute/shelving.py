@@ -1,4 +1,5 @@
-"""Compute v2.1: shelve, shelveOffload and unshelve (2.77 zone, 2.91 host) of a server."""
+"""Compute v2.1: shelve, shelveOffload and unshelve (2.77 zone, 2.91 host) of a server, and
+forceDelete of a soft-deleted one."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from stowage.domain.errors import ConflictError, NotFound
 from stowage.ledger.objects import Document
 from stowage.services.compute import record_action
 from stowage.services.shelve import ShelveUnsupported, shelve_server, unshelve_server
+from stowage.services.soft_delete import force_delete
 
 __all__ = ["SHELVE_ACTIONS", "shelve_action"]
 
-SHELVE_ACTIONS = frozenset({"shelve", "shelveOffload", "unshelve"})
+SHELVE_ACTIONS = frozenset({"shelve", "shelveOffload", "unshelve", "forceDelete"})
 
 
 async def shelve_action(
@@ -29,6 +31,8 @@ async def shelve_action(
     try:
         if action == "shelve":
             await asyncio.to_thread(shelve_server, cloud, doc.id, rid)
+        elif action == "forceDelete":
+            await asyncio.to_thread(force_delete, cloud, doc.id)
         elif action == "shelveOffload":
             # Shelving offloads at once here: there is never a SHELVED server to offload.
             raise ConflictError(

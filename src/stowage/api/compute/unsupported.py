@@ -31,15 +31,7 @@ UNSUPPORTED_ACTIONS: dict[str, tuple[int, str]] = {
 
 
 def refuse_action(doc: Document, action: str, version: Microversion) -> None:
-    """Raise the refusal of an unsupported action, or of forceDelete: with
-    reclaim_instance_interval 0 (deletes are immediate) no server is ever SOFT_DELETED, and
-    Nova answers 409 to forceDelete of any other."""
-    if action == "forceDelete":
-        raise ApiError(
-            409,
-            f"Cannot 'forceDelete' instance {doc.id} while it is in vm_state "
-            f"{doc.body['vm_state']}",
-        )
+    """Raise the refusal of an unsupported action."""
     if action in ("addFixedIp", "removeFixedIp") and version >= (2, 44):
         raise ApiError(404, "The resource could not be found.")
     status, why = UNSUPPORTED_ACTIONS[action]
