@@ -57,7 +57,7 @@ def _boot_ids(cloud: RunningCloud, name: str) -> list[str]:
 def test_a_restarted_libvirt_cloud_runs_its_guests_again(tmp_path: Path) -> None:
     _require_real_qemu()
     state = tmp_path / "state"
-    cloud = start_cloud(state, *UP)
+    cloud = start_cloud(state, *UP, timeout_s=180)
     try:
         for name in ("runs", "rests"):
             cloud.osc(
@@ -71,7 +71,7 @@ def test_a_restarted_libvirt_cloud_runs_its_guests_again(tmp_path: Path) -> None
     finally:
         stop_cloud(cloud)
 
-    cloud = start_cloud(state, *UP)
+    cloud = start_cloud(state, *UP, timeout_s=180)
     try:
         assert _status(cloud, "runs") == "ACTIVE"
         assert _domstate(cloud, ids["runs"]) == "running"
