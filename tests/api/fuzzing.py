@@ -21,9 +21,9 @@ import httpx
 from hypothesis import strategies as st
 from tests.api.fuzz_templates import templates
 
-from stowage.api.app import create_app
 from stowage.services.cloud import Cloud, CloudConfig
 from stowage.services.runtime import open_cloud
+from stowage.wiring import all_in_one
 
 __all__ = [
     "MAX_BODY",
@@ -215,7 +215,7 @@ def start_harness(state_dir: Path) -> Iterator[Harness]:
     """The cloud `stowage up` would run on `state_dir`, seeded with one of each resource."""
     # Hosts must not be seen down midway through a long run on a busy machine.
     cloud = open_cloud(CloudConfig(state_dir=state_dir, hosts=2, service_down_time_s=86400.0))
-    app = create_app(cloud)
+    app = all_in_one(cloud)
     loop = _Loop()
 
     async def started() -> tuple[_Lifespan, httpx.AsyncClient]:

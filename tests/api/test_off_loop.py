@@ -27,7 +27,7 @@ def test_every_handler_runs_in_the_thread_pool(tmp_path: Path) -> None:
     try:
         cloud = Cloud(CloudConfig(state_dir=tmp_path / "state", hosts=1), ledger)
         bootstrap(cloud)
-        app = create_app(cloud, local_compute=False).app  # type: ignore[attr-defined]
+        app = create_app(cloud).app  # type: ignore[attr-defined]
         on_loop, off_loop = set(), 0
         for mount in app.routes:
             if not isinstance(mount, Mount) or not isinstance(mount.app, FastAPI):

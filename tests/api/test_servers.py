@@ -293,3 +293,38 @@ def test_a_reader_lists_servers_but_cannot_create_or_delete_them(cloud: RunningC
     assert stop.status_code == 403
     cloud.osc("server", "delete", "--wait", owned["id"])
     cloud.osc("user", "delete", name)
+
+
+def test_console_log_comes_from_the_guests_host_with_its_length(cloud: RunningCloud) -> None:
+    name = unique("console")
+    server = create(cloud, name)
+    whole = cloud.osc("console", "log", "show", name).stdout
+    assert whole.strip(), "the simulated guest's console is empty"
+    last = cloud.osc("console", "log", "show", "--lines", "1", name).stdout
+    assert last.strip() == whole.strip().splitlines()[-1]
+    token = cloud.token()
+    bad = compute(
+        cloud,
+        token,
+        "POST",
+        f"/servers/{server['id']}/action",
+        json={"os-getConsoleOutput": {"length": -2}},
+    )
+    assert bad.status_code == 400
+    cloud.osc("server", "delete", "--wait", name)
+
+
+def test_before_2_37_a_create_may_leave_out_networks(cloud: RunningCloud) -> None:
+    """Nova before 2.37: no `networks` attaches the available network (the demo project's
+    own `private`); a string there is refused, since `auto` and `none` came with 2.37."""
+    token = cloud.token("demo", "stowage-demo", "demo")
+    body: dict[str, Any] = {
+        "server": {"name": unique("old-client"), "flavorRef": "1", "imageRef": _image_id(cloud)}
+    }
+    created = cloud.compute("POST", "/servers", version="2.1", token=token, json=body)
+    assert created.status_code == 202, created.text
+    server_id = created.json()["server"]["id"]
+    body["server"]["networks"] = "auto"
+    refused = cloud.compute("POST", "/servers", version="2.36", token=token, json=body)
+    assert refused.status_code == 400
+    cloud.osc("server", "delete", "--wait", server_id, cloud="stowage")

@@ -149,9 +149,12 @@ async def run_agent(
     stop: asyncio.Event,
     image_sink: Any = None,
     host_ip: str | None = None,
+    *,
+    metrics: AgentMetrics | None = None,
 ) -> None:
     """Register the host, then heartbeat and serve its operations until `stop`; snapshots
-    go to `image_sink` (the image API over HTTP, in production)."""
+    go to `image_sink` (the image API over HTTP, in production), its metrics into `metrics`,
+    which the process may serve."""
     from stowage.agent.local import agent_server, make_reconciler, restore_guests
     from stowage.services.compute_catalog import record_host_ip
     from stowage.virt.sim import SimDriver
@@ -164,7 +167,7 @@ async def run_agent(
         restored = await asyncio.to_thread(restore_guests, cloud, spec.name, driver)
         log.info("agent of %s restored %d guest(s) from the ledger", spec.name, len(restored))
     bus = await _connect(bus_url)
-    metrics = AgentMetrics.create()
+    metrics = metrics or AgentMetrics.create()
     server = agent_server(cloud, spec.name, driver, bus, image_sink)
     await server.serve()
     reconciler = make_reconciler(cloud, spec.name, server, metrics)

@@ -56,6 +56,8 @@ _GUEST_METHODS = frozenset(
         "abort_migration",
         "force_complete_migration",
         "rollback_migration",
+        "attach_volume",
+        "detach_volume",
     }
 )
 
@@ -295,6 +297,15 @@ class AgentServer:
                     lambda: driver.migrate(instance_id, target, record),
                 )
             )
+        if method in ("attach_volume", "detach_volume"):
+            device = str(payload["device"])
+            connection = dict(payload.get("connection") or {})
+            volume_call = (
+                (lambda: driver.attach_volume(instance_id, device, connection))
+                if method == "attach_volume"
+                else (lambda: driver.detach_volume(instance_id, device))
+            )
+            return await self._result(await agent.call(op_id, method, instance_id, volume_call))
         call = getattr(driver, method)
         return await self._result(
             await agent.call(op_id, method, instance_id, lambda: call(instance_id))

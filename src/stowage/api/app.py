@@ -6,14 +6,14 @@ import asyncio
 import contextlib
 import functools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -30,16 +30,32 @@ from stowage.api.common import (
     www_authenticate,
 )
 from stowage.api.compute import create_compute_app
+from stowage.api.dashboard import create_dashboard_app
 from stowage.api.identity import create_identity_app
 from stowage.api.image import create_image_app
 from stowage.api.limits import DEFAULT_MAX_BODY, BodyLimit
+from stowage.api.metadata import create_ec2_metadata_app, create_openstack_metadata_app
 from stowage.api.network import create_network_app
+from stowage.api.observed import Observed
 from stowage.api.placement import create_placement_app
+from stowage.api.volume import create_volume_app
 from stowage.services.cloud import Cloud
+from stowage.services.dashboard import heartbeat_ages
+from stowage.telemetry import REGISTRY
+from stowage.telemetry.metrics import watch_heartbeats
 
 __all__ = ["create_app"]
 
-PREFIXES = ("/identity", "/compute", "/image", "/networking", "/placement")
+PREFIXES = (
+    "/identity",
+    "/compute",
+    "/image",
+    "/networking",
+    "/placement",
+    "/volume",
+    "/openstack",
+    "/latest",
+)
 
 
 class _BarePrefix:
@@ -54,32 +70,26 @@ class _BarePrefix:
         await self.app(scope, receive, send)
 
 
+Runtime = Callable[[Cloud], contextlib.AbstractAsyncContextManager[Any]]
+"""What runs beside the APIs for the app's lifetime (the composition root, `stowage.wiring`,
+chooses it): entered at start-up, it yields a metrics registry to serve or None."""
+
+
 @contextlib.asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
-    """The all-in-one cloud runs its agents, bus and conductor beside the APIs."""
+    """The ledger's change-log pruning and the loop-lag watchdog, and the runtime if any."""
     cloud: Cloud = app.state.cloud
-    local = None
-    rabbit = None
-    bus_url = getattr(app.state, "bus_url", None)
-    if bus_url:
-        from stowage.bus.base import LoopBridge
-        from stowage.bus.rabbit import RabbitTransport
-
-        rabbit = await RabbitTransport.connect(bus_url)
-        # Handlers run off this loop (`run_off_loop`): their calls cross back into it.
-        cloud.bus = LoopBridge(asyncio.get_running_loop(), rabbit)
-    if app.state.local_compute:
-        from stowage.agent.local import LocalCompute
-
-        local = LocalCompute(cloud)
-        cloud.bus = await asyncio.to_thread(local.start_thread)
-        app.state.metrics = local.metrics
+    runtime: Runtime | None = app.state.runtime
+    stack = contextlib.AsyncExitStack()
+    if runtime is not None:
+        app.state.metrics = await stack.enter_async_context(runtime(cloud))
 
     async def prune() -> None:
         while True:
             await asyncio.to_thread(cloud.ledger.prune_changes)
             await asyncio.sleep(60.0)
 
+    watch_heartbeats(functools.partial(heartbeat_ages, cloud))
     task = asyncio.create_task(prune())
     watchdog = _api_watchdog(app)
     lag_task = asyncio.create_task(watchdog.run())
@@ -90,11 +100,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
             running.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await running
-        if local is not None:
-            await asyncio.to_thread(local.stop_thread)
-        elif rabbit is not None:
-            await rabbit.close()
-        cloud.bus = None
+        await stack.aclose()
 
 
 def _api_watchdog(app: Starlette) -> Any:
@@ -140,7 +146,7 @@ async def _metrics(request: Request) -> Response:
         rid = f"req-{uuid.uuid4()}"
         headers["x-openstack-request-id"] = rid
         return JSONResponse(identity_error(status, message, None, rid), status, headers=headers)
-    parts = []
+    parts = [render(REGISTRY)]
     registry = getattr(request.app.state, "api_registry", None)
     if registry is not None:
         parts.append(render(registry))
@@ -169,6 +175,7 @@ _STYLES: dict[str, ErrorStyle] = {
     "image": image_error,
     "networking": network_error,
     "placement": placement_error,
+    "volume": compute_error,
 }
 
 
@@ -186,38 +193,18 @@ async def _unrouted(request: Request, exc: Exception) -> Response:
     )
 
 
-def production_app() -> ASGIApp:
-    """`stowage api`'s app in each worker process: the shared ledger, no local compute."""
-    import os
-    from pathlib import Path
-
-    from stowage.services.cloud import CloudConfig
-    from stowage.services.runtime import open_cloud
-
-    address, port = os.environ["STOWAGE_API_BASE"].rsplit(":", 1)
-    config = CloudConfig(
-        state_dir=Path(os.environ["STOWAGE_API_STATE_DIR"]),
-        hosts=0,
-        host=address,
-        port=int(port),
-        api_wait_s=float(os.environ.get("STOWAGE_API_WAIT", "0")),
-        max_instances_per_request=int(os.environ.get("STOWAGE_API_MAX_PER_REQUEST", "1000")),
-        lockout_failure_attempts=int(os.environ.get("STOWAGE_API_LOCKOUT_ATTEMPTS", "0")),
-        lockout_duration_s=float(os.environ.get("STOWAGE_API_LOCKOUT_DURATION", "1800")),
-        max_request_body_size=int(os.environ.get("STOWAGE_API_MAX_BODY", DEFAULT_MAX_BODY)),
-    )
-    cloud = open_cloud(config, db_url=os.environ["STOWAGE_API_DB"])
-    return create_app(cloud, local_compute=False, bus_url=os.environ.get("STOWAGE_API_BUS"))
-
-
-def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None = None) -> ASGIApp:
-    """Every API; with `local_compute`, also one simulated agent per host and a conductor."""
+def create_app(cloud: Cloud, *, runtime: Runtime | None = None) -> ASGIApp:
+    """Every API on one port; `runtime` runs beside them (see `stowage.wiring`)."""
     services = {
         "/identity": create_identity_app(cloud),
         "/compute": create_compute_app(cloud),
         "/image": create_image_app(cloud),
         "/networking": create_network_app(cloud),
         "/placement": create_placement_app(cloud),
+        "/volume": create_volume_app(cloud),
+        # The metadata service, for the instance a metadata proxy names (api/metadata).
+        "/openstack": create_openstack_metadata_app(cloud),
+        "/latest": create_ec2_metadata_app(cloud),
     }
     for service in services.values():
         run_off_loop(service)
@@ -225,17 +212,23 @@ def create_app(cloud: Cloud, *, local_compute: bool = True, bus_url: str | None 
         lifespan=_lifespan,
         exception_handlers={HTTPException: _unrouted},
         middleware=[
-            Middleware(BodyLimit, limit=functools.partial(_body_limit, cloud), render=_limit_error)
+            Middleware(Observed),
+            Middleware(BodyLimit, limit=functools.partial(_body_limit, cloud), render=_limit_error),
         ],
         routes=[
             Route("/metrics", _metrics),
             *(Mount(prefix, app=service) for prefix, service in services.items()),
+            Route("/dashboard", _to_dashboard),
+            Mount("/dashboard", app=create_dashboard_app(cloud, services["/identity"])),
         ],
     )
     app.state.cloud = cloud
-    app.state.local_compute = local_compute
-    app.state.bus_url = bus_url
+    app.state.runtime = runtime
     return _BarePrefix(app)
+
+
+async def _to_dashboard(request: Request) -> Response:
+    return RedirectResponse("/dashboard/", status_code=307)
 
 
 def _body_limit(cloud: Cloud | None) -> int:

@@ -32,7 +32,7 @@ IMPLIED_ROLES: dict[str, tuple[str, ...]] = {
 # keystone-manage bootstrap makes its roles immutable; ours are the same set.
 BOOTSTRAP_ROLES = frozenset({"admin", "manager", "member", "reader"})
 
-NAME_MAX = {"domain": 64, "project": 64, "user": 255, "role": 255}
+NAME_MAX = {"domain": 64, "project": 64, "user": 255, "role": 255, "group": 64}
 TAGS_MAX = 80
 TAG_MAX_CHARS = 255
 PROJECT_DEPTH_MAX = 5  # keystone's [resource] max_project_tree_depth
@@ -801,6 +801,11 @@ class IdentityDirectory:
             {"user_id": user_id, "project_id": project_id, "expires_at": expires_at},
             project_id=project_id,
         )
+
+    def revoke_token(self, audit_id: str, expires_at: float) -> None:
+        """Revoke one token (DELETE /v3/auth/tokens): refused from now until it expires."""
+        self.objects.put(_REVOKED, audit_id, {"expires_at": expires_at})
+        self.objects.delete(_ISSUED, audit_id)
 
     def revoke_tokens(self, *, user_id: str | None = None, project_id: str | None = None) -> int:
         """Revoke the live tokens of a user, of a project, or of a user on a project."""

@@ -249,6 +249,15 @@ class Driver(Protocol):
         """Stop the instance, undefine it and delete its disk."""
         ...
 
+    def attach_volume(self, instance_id: str, device: str, connection: dict[str, Any]) -> None:
+        """Give the guest the volume `connection` describes (os-brick's connection info) as
+        `device`; idempotent for the same device and volume."""
+        ...
+
+    def detach_volume(self, instance_id: str, device: str) -> None:
+        """Take the volume at `device` away from the guest; a device it lacks is no error."""
+        ...
+
     def reboot(self, instance_id: str) -> None:
         """Stop and start the instance."""
         ...

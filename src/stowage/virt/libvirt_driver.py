@@ -552,6 +552,17 @@ class LibvirtDriver:
             raise
         return _chunks(f, chunk_bytes, cleanup=lambda: shutil.rmtree(out.parent, True))
 
+    def attach_volume(self, instance_id: str, device: str, connection: dict[str, Any]) -> None:
+        """Not yet on libvirt: refused, so the attachment is undone rather than pretended."""
+        self._get(instance_id)
+        raise DriverError(
+            "attaching volumes is not implemented by the libvirt driver yet",
+            code="virt.volume.unsupported",
+        )
+
+    def detach_volume(self, instance_id: str, device: str) -> None:
+        self._get(instance_id)  # nothing can have been attached (attach_volume refuses)
+
     def console_output(self, instance_id: str, length: int | None = None) -> str:
         self._get(instance_id)
         try:

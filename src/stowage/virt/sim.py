@@ -88,6 +88,7 @@ class _Instance:
     guest: Guest | None = None
     console: list[str] = field(default_factory=list)
     migrating: bool = False
+    volumes: dict[str, Path] = field(default_factory=dict)  # device -> the volume's file
 
 
 class SimDriver:
@@ -210,6 +211,32 @@ class SimDriver:
         self._step("spawn", "start")
         self._set_state(instance_id, InstanceState.RUNNING)
         self._boot_console(instance_id)
+
+    def attach_volume(self, instance_id: str, device: str, connection: dict[str, Any]) -> None:
+        """A simulated guest's volume is a real file: it must exist and be readable here."""
+        self._record("attach_volume", instance_id)
+        if connection.get("driver_volume_type") != "local":
+            raise DriverError(
+                f"volume type {connection.get('driver_volume_type')!r} cannot be attached here",
+                code="virt.volume.unsupported",
+            )
+        path = Path(str((connection.get("data") or {}).get("device_path") or ""))
+        try:
+            with path.open("rb") as disk:
+                disk.read(512)
+        except OSError as exc:
+            raise DriverError(
+                f"volume file {path} cannot be opened: {exc}", code="virt.volume.open"
+            ) from None
+        inst = self._get(instance_id)
+        with self._lock:
+            inst.volumes[device] = path
+
+    def detach_volume(self, instance_id: str, device: str) -> None:
+        self._record("detach_volume", instance_id)
+        inst = self._get(instance_id)
+        with self._lock:
+            inst.volumes.pop(device, None)
 
     def destroy(self, instance_id: str) -> None:
         self._record("destroy", instance_id)

@@ -13,7 +13,9 @@ from fastapi.responses import JSONResponse, Response
 from stowage.api.auth import cloud_of
 from stowage.api.common import ApiError, Context
 from stowage.api.compute.microversion import mv
+from stowage.domain.errors import ConflictError
 from stowage.ledger.objects import Document
+from stowage.services import consoles
 from stowage.services import images as image_service
 from stowage.services import networks as net
 from stowage.services.cloud import Cloud
@@ -70,11 +72,6 @@ async def extra_action(
 
 async def _console_output(cloud: Cloud, doc: Document, args: dict[str, Any]) -> Response:
     """The guest's serial console log from its host's hypervisor; `length` last lines."""
-    import uuid
-
-    from stowage.agent.server import compute_topic
-    from stowage.bus.base import BusError, RemoteError
-
     length = args.get("length")
     if isinstance(length, str):
         try:
@@ -85,27 +82,13 @@ async def _console_output(cloud: Cloud, doc: Document, args: dict[str, Any]) -> 
         raise ApiError(400, f"Invalid input for field/attribute length: {length!r}")
     if isinstance(length, int) and length < -1:
         raise ApiError(400, "Invalid input for field/attribute length: must be -1 or more")
-    body = doc.body
-    host = body.get("host")
-    if not host or body.get("vm_state") in ("building", "error") or cloud.bus is None:
-        raise ApiError(
-            409,
-            f"Instance {doc.id} is not ready: vm_state {body.get('vm_state')}, "
-            f"host {host or 'none'}",
-        )
     try:
-        reply = await cloud.bus.call(
-            compute_topic(str(host)),
-            "console_output",
-            {"instance_id": doc.id, "length": None if length in (None, -1) else length},
-            op_id="console-" + uuid.uuid4().hex,
-            timeout_s=cloud.config.op_timeout_s,
+        output = await consoles.console_output(
+            cloud, doc.id, doc.body, None if length in (None, -1) else length
         )
-    except (BusError, RemoteError) as exc:
-        raise ApiError(409, f"Instance {doc.id}: its host {host} did not answer: {exc}") from None
-    if not reply.get("ok"):
-        raise ApiError(409, f"Instance {doc.id}: {reply.get('error')}")
-    return JSONResponse({"output": str(reply.get("output") or "")})
+    except ConflictError as exc:
+        raise ApiError(409, str(exc)) from None
+    return JSONResponse({"output": output})
 
 
 def _change_groups(cloud: Cloud, ctx: Context, doc: Document, name: str, *, add: bool) -> None:

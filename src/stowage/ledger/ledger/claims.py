@@ -1,0 +1,415 @@
+"""Claims, releases and moves: each one transaction, the database's constraints the last word."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, delete, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from stowage.domain.claims import Claim, ClaimOutcome, ConsumerKind, RefusalCode
+from stowage.ledger.db import READONLY
+from stowage.ledger.ledger.core import (
+    _BATCH_RETRIES_MAX,
+    CommitClaim,
+    _Refusal,
+    _refused,
+    _retryable,
+    _then,
+)
+from stowage.ledger.ledger.groups import Groups
+from stowage.ledger.schema import (
+    allocations,
+    cells,
+    changes,
+    consumers,
+    group_members,
+    group_slots,
+    hosts,
+    inventories,
+    numa_claims,
+    pins,
+)
+
+
+class Claims(Groups):
+    """Commits, releases and moves claims; nothing else writes them."""
+
+    def claim(
+        self,
+        batch: Sequence[Claim],
+        *,
+        writer: str | None = None,
+        also: CommitClaim | None = None,
+        atomic: bool = False,
+    ) -> list[ClaimOutcome]:
+        """Commit a batch of claims, sharing one commit; each claim stays all or nothing.
+
+        The whole batch is tried at once. If the database refuses any part of it, the
+        transaction is rolled back and the claims are replayed one savepoint each, so the
+        good ones still commit together and each refused one says why. `also` runs for each
+        claim in the same transaction (in its savepoint on replay): raising ClaimRefused
+        there refuses that claim. With `atomic`, there is no replay: the batch commits whole
+        or every claim is refused with the first refusal's reason.
+        """
+        if not batch:
+            return []
+        for attempt in range(_BATCH_RETRIES_MAX):
+            try:
+                with self.engine.begin() as conn:
+                    self._lock_hosts(conn, {c.host_id for c in batch}, writer)
+                    self._write_claims(conn, batch)
+                    if also is not None:
+                        for claim in batch:
+                            also(conn, claim)
+                return [ClaimOutcome(c.consumer_id, c.host_id, True) for c in batch]
+            except _Refusal as refusal:
+                if atomic:
+                    return [_refused(c, refusal.code, refusal.reason) for c in batch]
+                break
+            except IntegrityError as exc:
+                if atomic:
+                    code, reason = _explain(exc, batch[0])
+                    return [_refused(c, code, reason) for c in batch]
+                break
+            except OperationalError as exc:
+                if not _retryable(exc) or attempt == _BATCH_RETRIES_MAX - 1:
+                    raise
+        for attempt in range(_BATCH_RETRIES_MAX):
+            try:
+                return self._claim_one_by_one(batch, writer, also)
+            except OperationalError as exc:
+                if not _retryable(exc) or attempt == _BATCH_RETRIES_MAX - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _claim_one_by_one(
+        self, batch: Sequence[Claim], writer: str | None, also: CommitClaim | None
+    ) -> list[ClaimOutcome]:
+        outcomes: list[ClaimOutcome] = []
+        with self.engine.begin() as conn:
+            wanted = {c.host_id for c in batch}
+            known = set(conn.execute(select(hosts.c.id).where(hosts.c.id.in_(wanted))).scalars())
+            # A refused claim leaves its host's view stale, so its change is not the writer's.
+            self._lock_hosts(conn, known, None)
+            for claim in batch:
+                if claim.host_id not in known:
+                    outcomes.append(
+                        _refused(
+                            claim,
+                            RefusalCode.UNKNOWN_RESOURCE,
+                            f"host {claim.host_id} is not in the ledger",
+                        )
+                    )
+                    continue
+                try:
+                    with conn.begin_nested():
+                        self._write_claims(conn, [claim])
+                        if also is not None:
+                            also(conn, claim)
+                    outcomes.append(ClaimOutcome(claim.consumer_id, claim.host_id, True))
+                except _Refusal as refusal:
+                    outcomes.append(_refused(claim, refusal.code, refusal.reason))
+                except IntegrityError as exc:
+                    code, reason = _explain(exc, claim)
+                    outcomes.append(_refused(claim, code, reason))
+        return outcomes
+
+    def _lock_hosts(
+        self, conn: Connection, host_ids: Iterable[int], writer: str | None = None
+    ) -> None:
+        """Bump each host's generation in id order: the first lock every writer takes."""
+        ordered = sorted(host_ids)
+        if self._pg:
+            bumped = conn.exec_driver_sql(_PG_LOCK_HOSTS, (ordered,)).rowcount
+        else:
+            bumped = self._bulk.add(conn, hosts, ["id"], "generation", [(h, 1) for h in ordered])
+        if bumped != len(ordered):
+            raise _Refusal(RefusalCode.UNKNOWN_RESOURCE, "claim names a host the ledger lacks")
+        now = self.clock()
+        self._bulk.insert(
+            conn, changes, ("host_id", "at", "writer"), [(h, now, writer) for h in ordered]
+        )
+
+    def _write_claims(self, conn: Connection, batch: Sequence[Claim]) -> None:
+        bulk = self._bulk
+        now = self.clock()
+        if len({c.consumer_id for c in batch}) != len(batch):
+            raise _Refusal(RefusalCode.CONSUMER_PLACED, "the batch names one consumer twice")
+        self._lock_groups(conn, {g for c in batch for g in c.affinity_groups})
+        instances = [_consumer_row(c, now) for c in batch if c.kind is ConsumerKind.INSTANCE]
+        migrations = [_consumer_row(c, now) for c in batch if c.kind is ConsumerKind.MIGRATION]
+        placed = bulk.insert(
+            conn, consumers, _CONSUMER_COLUMNS, instances, on_conflict=_REPLACE_IF_UNPLACED
+        )
+        if placed != len(instances):
+            raise _Refusal(
+                RefusalCode.CONSUMER_PLACED, "the instance already holds a claim on a host"
+            )
+        bulk.insert(conn, consumers, _CONSUMER_COLUMNS, migrations)
+        members = {(g, c.instance_id) for c in batch for g in c.member_of}
+        bulk.insert(
+            conn,
+            group_members,
+            ("group_id", "instance_id"),
+            sorted(members),
+            on_conflict="ON CONFLICT DO NOTHING",
+        )
+        usage: dict[tuple[int, str], int] = {}
+        for c in batch:
+            for rc, amount in c.amounts.items():
+                usage[(c.host_id, rc.value)] = usage.get((c.host_id, rc.value), 0) + amount
+        changed = bulk.add(
+            conn,
+            inventories,
+            ("host_id", "resource_class"),
+            "used",
+            [(h, rc, a) for (h, rc), a in sorted(usage.items())],
+        )
+        if changed != len(usage):
+            raise _Refusal(
+                RefusalCode.UNKNOWN_RESOURCE, "claim names a resource class the host lacks"
+            )
+        bulk.insert(
+            conn,
+            allocations,
+            ("consumer_id", "host_id", "resource_class", "amount"),
+            [(c.consumer_id, c.host_id, rc.value, a) for c in batch for rc, a in c.amounts.items()],
+        )
+        cell_memory: dict[tuple[int, int], int] = {}
+        numa_rows = []
+        for c in batch:
+            for cell in c.fit.cells:
+                key = (c.host_id, cell.host_cell)
+                cell_memory[key] = cell_memory.get(key, 0) + cell.memory_mb
+                numa_rows.append(
+                    (c.consumer_id, c.host_id, cell.host_cell, cell.guest_cell, cell.memory_mb)
+                )
+        changed = bulk.add(
+            conn,
+            cells,
+            ("host_id", "cell_id"),
+            "memory_mb_used",
+            [(h, cell, m) for (h, cell), m in sorted(cell_memory.items())],
+        )
+        if changed != len(cell_memory):
+            raise _Refusal(RefusalCode.UNKNOWN_RESOURCE, "claim names a NUMA cell the host lacks")
+        bulk.insert(
+            conn,
+            numa_claims,
+            ("consumer_id", "host_id", "cell_id", "guest_cell", "memory_mb"),
+            numa_rows,
+        )
+        bulk.insert(
+            conn,
+            pins,
+            ("host_id", "cpu_id", "consumer_id", "guest_vcpu", "dedicated"),
+            sorted(
+                (c.host_id, cpu, c.consumer_id, vcpu, True)
+                for c in batch
+                for cell in c.fit.cells
+                for cpu, vcpu in _pins_with_withheld(cell.pins, cell.withheld)
+            ),
+        )
+        bulk.insert(
+            conn,
+            group_slots,
+            ("group_id", "domain", "slot", "max_per_domain", "consumer_id", "host_id"),
+            sorted(
+                (s.group_id, s.domain, s.slot, s.max_per_domain, c.consumer_id, c.host_id)
+                for c in batch
+                for s in c.slots
+            ),
+        )
+        for claim in batch:
+            for group_id in claim.affinity_groups:
+                self._check_affinity(conn, group_id, claim)
+
+    def release(
+        self,
+        consumer_id: str,
+        *,
+        forget: bool = True,
+        also: Callable[[Connection], None] | None = None,
+    ) -> bool:
+        """Drop every claim a consumer holds, in one transaction. Idempotent.
+
+        `forget` also deletes the consumer (a deleted instance, a finished migration);
+        otherwise an instance stays known with no host. `also` runs in the same
+        transaction (a status change that must commit with the release, or not at all).
+        """
+        return self._retry(
+            lambda conn: _then(self._release(conn, consumer_id, forget=forget), also, conn)
+        )
+
+    def complete_migration(
+        self, migration_id: str, *, also: Callable[[Connection], None] | None = None
+    ) -> bool:
+        """The instance moves: its source claims go and the migration's become its own."""
+        return self._retry(lambda conn: _then(self._complete(conn, migration_id), also, conn))
+
+    def fail_migration(
+        self, migration_id: str, *, also: Callable[[Connection], None] | None = None
+    ) -> bool:
+        """The instance stays: the destination's claims go with the migration."""
+        return self.release(migration_id, forget=True, also=also)
+
+    def _held_hosts(self, conn: Connection, consumer_ids: Sequence[str]) -> set[int]:
+        found = conn.execute(
+            select(allocations.c.host_id)
+            .where(allocations.c.consumer_id.in_(consumer_ids))
+            .union(
+                select(pins.c.host_id).where(pins.c.consumer_id.in_(consumer_ids)),
+                select(group_slots.c.host_id).where(group_slots.c.consumer_id.in_(consumer_ids)),
+            )
+        ).scalars()
+        return {int(h) for h in found}
+
+    def _release(self, conn: Connection, consumer_id: str, *, forget: bool) -> bool:
+        held = self._held_hosts(conn, [consumer_id])
+        if held:
+            self._lock_hosts(conn, held)
+        released = self._drop_claims(conn, consumer_id)
+        if forget:
+            gone = conn.execute(delete(consumers).where(consumers.c.id == consumer_id)).rowcount
+        else:
+            gone = conn.execute(
+                update(consumers)
+                .where(consumers.c.id == consumer_id, consumers.c.host_id.is_not(None))
+                .values(host_id=None, generation=consumers.c.generation + 1)
+            ).rowcount
+        return released or gone > 0
+
+    def _drop_claims(self, conn: Connection, consumer_id: str) -> bool:
+        freed = conn.execute(
+            delete(allocations)
+            .where(allocations.c.consumer_id == consumer_id)
+            .returning(allocations.c.host_id, allocations.c.resource_class, allocations.c.amount)
+        ).all()
+        self._bulk.add(
+            conn,
+            inventories,
+            ("host_id", "resource_class"),
+            "used",
+            [(h, rc, -a) for h, rc, a in sorted(freed)],
+        )
+        cells_freed = conn.execute(
+            delete(numa_claims)
+            .where(numa_claims.c.consumer_id == consumer_id)
+            .returning(numa_claims.c.host_id, numa_claims.c.cell_id, numa_claims.c.memory_mb)
+        ).all()
+        per_cell: dict[tuple[int, int], int] = {}
+        for h, cell, m in cells_freed:
+            per_cell[(h, cell)] = per_cell.get((h, cell), 0) - m
+        self._bulk.add(
+            conn,
+            cells,
+            ("host_id", "cell_id"),
+            "memory_mb_used",
+            [(h, cell, m) for (h, cell), m in sorted(per_cell.items())],
+        )
+        pins_freed = conn.execute(delete(pins).where(pins.c.consumer_id == consumer_id)).rowcount
+        slots_freed = conn.execute(
+            delete(group_slots).where(group_slots.c.consumer_id == consumer_id)
+        ).rowcount
+        return bool(freed or cells_freed or pins_freed or slots_freed)
+
+    def _complete(self, conn: Connection, migration_id: str) -> bool:
+        row = conn.execute(
+            select(consumers.c.instance_id, consumers.c.host_id).where(
+                consumers.c.id == migration_id, consumers.c.kind == ConsumerKind.MIGRATION.value
+            )
+        ).first()
+        if row is None:
+            return False
+        instance_id, dest = row
+        held = self._held_hosts(conn, [instance_id, migration_id])
+        self._lock_hosts(conn, held | ({dest} if dest is not None else set()))
+        self._drop_claims(conn, instance_id)
+        for table in (allocations, numa_claims, pins, group_slots):
+            conn.execute(
+                update(table)
+                .where(table.c.consumer_id == migration_id)
+                .values(consumer_id=instance_id)
+            )
+        conn.execute(
+            update(consumers)
+            .where(consumers.c.id == instance_id)
+            .values(host_id=dest, generation=consumers.c.generation + 1)
+        )
+        conn.execute(delete(consumers).where(consumers.c.id == migration_id))
+        return True
+
+    def consumer_host(self, consumer_id: str) -> int | None:
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            return conn.execute(
+                select(consumers.c.host_id).where(consumers.c.id == consumer_id)
+            ).scalar()
+
+
+# Locks the hosts in id order before bumping them, so concurrent writers never deadlock.
+_PG_LOCK_HOSTS = (
+    "UPDATE hosts SET generation = generation + 1 WHERE id IN "
+    "(SELECT id FROM hosts WHERE id = ANY(%s::int8[]) ORDER BY id FOR UPDATE)"
+)
+
+
+_CONSUMER_COLUMNS = (
+    "id",
+    "kind",
+    "instance_id",
+    "project_id",
+    "user_id",
+    "host_id",
+    "generation",
+    "created_at",
+)
+
+
+# An instance consumer may be placed again only once it holds no host.
+_REPLACE_IF_UNPLACED = (
+    "ON CONFLICT (id) DO UPDATE SET host_id = excluded.host_id, "
+    "generation = consumers.generation + 1 WHERE consumers.host_id IS NULL"
+)
+
+
+def _consumer_row(claim: Claim, now: float) -> tuple[Any, ...]:
+    return (
+        claim.consumer_id,
+        claim.kind.value,
+        claim.instance_id,
+        claim.project_id,
+        claim.user_id,
+        claim.host_id,
+        0,
+        now,
+    )
+
+
+def _pins_with_withheld(pinned: Any, withheld: frozenset[int]) -> Iterable[tuple[int, int | None]]:
+    for vcpu, cpu in pinned.items():
+        yield cpu, vcpu
+    for cpu in withheld:
+        yield cpu, None
+
+
+def _explain(exc: IntegrityError, claim: Claim) -> tuple[RefusalCode, str]:
+    text = str(exc.orig)
+    host = claim.host_id
+    if "group_slots" in text:
+        domains = ", ".join(sorted({s.domain for s in claim.slots}))
+        return (
+            RefusalCode.ANTI_AFFINITY,
+            f"anti-affinity: {domains} already holds as many members as the group allows",
+        )
+    if "ck_inventories_capacity" in text:
+        return RefusalCode.CAPACITY, f"host {host} lacks capacity for the claimed amounts"
+    if "ck_cells_memory" in text:
+        return RefusalCode.NUMA_MEMORY, f"host {host} lacks memory on the chosen NUMA cell"
+    if "pins" in text:
+        cpus = sorted(claim.fit.cpus)
+        return RefusalCode.PCPU_TAKEN, f"pCPUs {cpus} on host {host}: one is already pinned"
+    if "consumers" in text:
+        return RefusalCode.CONSUMER_PLACED, f"consumer {claim.consumer_id} already holds a claim"
+    return RefusalCode.UNKNOWN_RESOURCE, f"the ledger refused the claim: {text.splitlines()[0]}"
