@@ -1,4 +1,5 @@
-"""Network v2.0: networks, subnets, ports, security groups and their rules, tags, extensions.
+"""Network v2.0: networks, subnets, ports, security groups and their rules, routers, floating
+IPs, tags, extensions.
 
 Every collection shares neutron's list semantics: filters on any attribute (repeat a
 parameter to accept several values), `fields` to trim the answer, `sort_key`/`sort_dir`, and
@@ -21,6 +22,7 @@ from stowage.api.auth import cloud_of, require_context, require_writer
 from stowage.api.common import ApiError, Context, json_body
 from stowage.services import networks as svc
 from stowage.services.cloud import Cloud
+from stowage.services.networks import l3
 
 __all__ = ["NeutronRoute", "router"]
 
@@ -207,6 +209,49 @@ RESOURCES = (
         None,
         svc.delete_security_group_rule,
         "Security group rule {} does not exist",
+    ),
+    _Resource(
+        "routers",
+        "router",
+        "routers",
+        "router",
+        (
+            *_STANDARD,
+            "status",
+            "admin_state_up",
+            "external_gateway_info",
+            "availability_zones",
+            "availability_zone_hints",
+            "flavor_id",
+        ),
+        l3.list_routers,
+        l3.get_router,
+        l3.create_router,
+        l3.update_router,
+        l3.delete_router,
+        "Router {} could not be found",
+    ),
+    _Resource(
+        "floatingips",
+        "floatingip",
+        "floatingips",
+        "floatingip",
+        (
+            *_STANDARD,
+            "status",
+            "floating_network_id",
+            "floating_ip_address",
+            "router_id",
+            "port_id",
+            "fixed_ip_address",
+            "qos_policy_id",
+        ),
+        l3.list_floatingips,
+        l3.get_floatingip,
+        l3.create_floatingip,
+        l3.update_floatingip,
+        l3.delete_floatingip,
+        "Floating IP {} could not be found",
     ),
 )
 
@@ -447,6 +492,28 @@ for _r in RESOURCES:
     router.add_api_route(f"{path}/{{id}}", _deleter(_r), methods=["DELETE"])
 
 
+# -- router interfaces ----------------------------------------------------------------------
+
+
+async def _interface_body(request: Request) -> Any:
+    body = await json_body(request)
+    if not isinstance(body, dict):
+        raise _bad("Bad router request: the body must be an object.")
+    return body
+
+
+@router.put("/routers/{id}/add_router_interface")
+async def add_router_interface(id: str, request: Request, ctx: Writer) -> JSONResponse:
+    body = await _interface_body(request)
+    return JSONResponse(l3.add_router_interface(cloud_of(request), ctx, id, body))
+
+
+@router.put("/routers/{id}/remove_router_interface")
+async def remove_router_interface(id: str, request: Request, ctx: Writer) -> JSONResponse:
+    body = await _interface_body(request)
+    return JSONResponse(l3.remove_router_interface(cloud_of(request), ctx, id, body))
+
+
 # -- tags -------------------------------------------------------------------------------------
 
 _TAGGED = {
@@ -540,6 +607,11 @@ EXTENSIONS: dict[str, tuple[str, str]] = {
         "For example PXE boot options to DHCP clients can be specified (e.g. tftp-server, "
         "server-ip-address, bootfile-name)",
     ),
+    "ext-gw-mode": (
+        "Neutron L3 Configurable external gateway mode",
+        "Extension of the router abstraction for specifying whether SNAT should occur on the "
+        "external gateway",
+    ),
     "filter-validation": (
         "Filter parameters validation",
         "Provides validation on filtering parameters.",
@@ -564,6 +636,15 @@ EXTENSIONS: dict[str, tuple[str, str]] = {
     "quota_details": (
         "Quota details management support",
         "Expose functions for quotas usage statistics per project",
+    ),
+    "router": (
+        "Neutron L3 Router",
+        "Router abstraction for basic L3 forwarding between L2 Neutron networks and access to "
+        "external networks via a NAT gateway.",
+    ),
+    "router_availability_zone": (
+        "Router Availability Zone",
+        "Availability zone support for router.",
     ),
     "security-group": ("security-group", "The security groups extension."),
     "sorting": ("Sorting support", "Extension that indicates that sorting is enabled."),
