@@ -70,6 +70,9 @@ def _resolve_project(cloud: Cloud, scope: Any, user: Document) -> Document:
         if project is None:
             raise ApiError(401, f"Could not find the default project {default} of the user.")
         return project
+    if isinstance(scope, dict) and ("domain" in scope or "system" in scope):
+        # Valid requests in Keystone, not carried out here: a 501, not a 400 that blames them.
+        raise ApiError(501, "Domain- and system-scoped tokens are not implemented here.")
     if not isinstance(scope, dict) or not isinstance(scope.get("project"), dict):
         raise ApiError(400, "Only project scope is supported.")
     ref = scope["project"]
