@@ -14,7 +14,7 @@ _KEYSTONE_CORE = (
     "/credentials",
     "/policies",
     "/domains/default/config",
-    "/system/users/x/roles",
+    "/system/groups/x/roles",
     "/roles/x/implies",
 )
 _KEYSTONE_EXTENSIONS = ("/OS-EP-FILTER/endpoint_groups", "/OS-TRUST/trusts", "/OS-INHERIT/x")

@@ -15,6 +15,7 @@ from stowage.api.identity import (
     grants,
     groups,
     resources,
+    system,
     tokens,
     unimplemented,
 )
@@ -79,5 +80,6 @@ def create_identity_app(cloud: Cloud) -> FastAPI:
     app.include_router(catalog.router)
     app.include_router(app_credentials.router)
     app.include_router(groups.router)
+    app.include_router(system.router)
     app.include_router(unimplemented.router)
     return app

@@ -38,8 +38,6 @@ _PATHS = (
     "/v3/domains/{domain_id}/config/{group}/{option}",
     "/v3/domains/config/default",
     "/v3/domains/config/{group}/default",
-    "/v3/system/users/{user_id}/roles",
-    "/v3/system/users/{user_id}/roles/{role_id}",
     "/v3/system/groups/{group_id}/roles",
     "/v3/system/groups/{group_id}/roles/{role_id}",
     "/v3/roles/{prior_role_id}/implies",
