@@ -42,8 +42,8 @@ class Caller:
 
     @property
     def is_system(self) -> bool:
-        """A system-scoped token: it carries no project."""
-        return self.ctx.project_id == ""
+        """A system-scoped token: it carries roles and no project (an unscoped one, neither)."""
+        return self.ctx.project_id == "" and bool(self.ctx.roles)
 
     @property
     def reads_all(self) -> bool:

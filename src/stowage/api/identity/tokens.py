@@ -70,12 +70,13 @@ def _wants_system(scope: Any) -> bool:
     return True
 
 
-def _resolve_project(cloud: Cloud, scope: Any, user: Document) -> Document:
-    """The project to scope to: the one asked for, or else the user's default project."""
+def _resolve_project(cloud: Cloud, scope: Any, user: Document) -> Document | None:
+    """The project to scope to: the one asked for, or else the user's default project; None
+    for an unscoped token (no scope and no default project)."""
     if not scope:
         default = user.body.get("default_project_id")
         if not default:
-            raise ApiError(401, "An unscoped token needs a default project here.")
+            return None
         project = cloud.objects.find("project", str(default))
         if project is None:
             raise ApiError(401, f"Could not find the default project {default} of the user.")
@@ -119,6 +120,22 @@ def token_body(
         str(project.body.get("domain_id", DEFAULT_DOMAIN)) if project else DEFAULT_DOMAIN
     )
     role_ids = {d.name: d.id for d in cloud.objects.list("role")}
+    if ctx.project_id == "" and not ctx.roles:
+        # Unscoped (Keystone's): who and until when, no scope, roles or catalog.
+        return {
+            "token": {
+                "methods": methods,
+                "expires_at": iso(ctx.expires_at),
+                "issued_at": iso(issued_at),
+                "audit_ids": audit_ids or [ctx.audit_id],
+                "user": {
+                    "id": ctx.user_id,
+                    "name": ctx.user_name,
+                    "domain": _domain_ref(cloud, user_domain),
+                    "password_expires_at": None,
+                },
+            }
+        }
     return {
         "token": {
             "methods": methods,
@@ -209,10 +226,13 @@ async def issue_token(request: Request) -> JSONResponse:
                 raise Unauthorized(f"The user {user.id} has no role on the system.")
         else:
             project = _resolve_project(cloud, scope, user)
-            directory.check_project_usable(project)
-            project_id, roles = project.id, cloud.roles_of(user.id, project.id)
-            if not roles:
-                raise Unauthorized(f"The user {user.id} has no role on project {project.id}.")
+            if project is None:  # unscoped: no project, no roles, no catalog
+                project_id, roles = "", ()
+            else:
+                directory.check_project_usable(project)
+                project_id, roles = project.id, cloud.roles_of(user.id, project.id)
+                if not roles:
+                    raise Unauthorized(f"The user {user.id} has no role on project {project.id}.")
     except Unauthorized as exc:
         raise ApiError(401, exc.message) from None
     token, payload = cloud.tokens.issue(
