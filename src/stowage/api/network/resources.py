@@ -443,7 +443,10 @@ def _shower(resource: _Resource) -> Callable[..., Coroutine[Any, Any, JSONRespon
 
 
 async def _attrs(request: Request, resource: _Resource) -> dict[str, Any]:
-    body = await json_body(request)
+    return _attrs_of(await json_body(request), resource)
+
+
+def _attrs_of(body: Any, resource: _Resource) -> dict[str, Any]:
     if not isinstance(body, dict) or not isinstance(body.get(resource.singular), dict):
         raise _bad(f"Unable to find '{resource.singular}' in request body")
     if len(body) != 1:
@@ -456,11 +459,34 @@ async def _attrs(request: Request, resource: _Resource) -> dict[str, Any]:
 
 def _creator(resource: _Resource) -> Callable[..., Coroutine[Any, Any, JSONResponse]]:
     async def handler(request: Request, ctx: Writer) -> JSONResponse:
-        attrs = await _attrs(request, resource)
+        body = await json_body(request)
+        if isinstance(body, dict) and list(body) == [resource.plural]:
+            rows = _create_bulk(cloud_of(request), ctx, resource, body[resource.plural])
+            return JSONResponse({resource.plural: rows}, status_code=201)
+        attrs = _attrs_of(body, resource)
         row = resource.create(cloud_of(request), ctx, attrs)
         return JSONResponse({resource.singular: row}, status_code=201)
 
     return handler
+
+
+def _create_bulk(
+    cloud: Cloud, ctx: Context, resource: _Resource, items: Any
+) -> list[dict[str, Any]]:
+    """Neutron's bulk create: all of them, or (the ones made are deleted again) none."""
+    if not isinstance(items, list) or not all(
+        isinstance(i, dict) and list(i) == [resource.singular] for i in items
+    ):
+        raise _bad(f"Invalid input: '{resource.plural}' is a list of '{resource.singular}'")
+    made: list[dict[str, Any]] = []
+    try:
+        for item in items:
+            made.append(resource.create(cloud, ctx, item[resource.singular]))
+    except BaseException:
+        for row in reversed(made):
+            resource.delete(cloud, ctx, row["id"])
+        raise
+    return made
 
 
 def _updater(
