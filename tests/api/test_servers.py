@@ -312,3 +312,19 @@ def test_console_log_comes_from_the_guests_host_with_its_length(cloud: RunningCl
     )
     assert bad.status_code == 400
     cloud.osc("server", "delete", "--wait", name)
+
+
+def test_before_2_37_a_create_may_leave_out_networks(cloud: RunningCloud) -> None:
+    """Nova before 2.37: no `networks` attaches the available network (the demo project's
+    own `private`); a string there is refused, since `auto` and `none` came with 2.37."""
+    token = cloud.token("demo", "stowage-demo", "demo")
+    body: dict[str, Any] = {
+        "server": {"name": unique("old-client"), "flavorRef": "1", "imageRef": _image_id(cloud)}
+    }
+    created = cloud.compute("POST", "/servers", version="2.1", token=token, json=body)
+    assert created.status_code == 202, created.text
+    server_id = created.json()["server"]["id"]
+    body["server"]["networks"] = "auto"
+    refused = cloud.compute("POST", "/servers", version="2.36", token=token, json=body)
+    assert refused.status_code == 400
+    cloud.osc("server", "delete", "--wait", server_id, cloud="stowage")

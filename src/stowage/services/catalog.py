@@ -52,6 +52,8 @@ BUILTIN_SERVICES: tuple[tuple[str, str, str], ...] = (
     ("image", "glance", "/image"),
     ("network", "neutron", "/networking"),
     ("placement", "placement", "/placement"),
+    ("block-storage", "cinder", "/volume/v3/$(project_id)s"),
+    ("volumev3", "cinderv3", "/volume/v3/$(project_id)s"),
 )
 
 
@@ -64,16 +66,20 @@ def _invalid(field: str, why: str) -> InvalidSpec:
 
 
 def _seed(cloud: Cloud) -> None:
-    if cloud.objects.find("catalog_seed", "builtin") is not None:
-        return
-    try:
-        cloud.objects.create("catalog_seed", "builtin", {})
-    except ConflictError:
-        return  # another process seeds it
+    """Register each built-in service once per ledger (one marker each, so a service added
+    in a later release is registered in an older ledger too, and one an operator deleted
+    stays deleted)."""
     region = cloud.config.region
-    if cloud.objects.find("region", region) is None:
-        _create_quietly(cloud, "region", region, {"description": "", "parent_region_id": None})
     for kind, name, path in BUILTIN_SERVICES:
+        marker = "builtin" if kind == "identity" else f"builtin:{kind}"
+        if cloud.objects.find("catalog_seed", marker) is not None:
+            continue
+        try:
+            cloud.objects.create("catalog_seed", marker, {})
+        except ConflictError:
+            continue  # another process seeds it
+        if cloud.objects.find("region", region) is None:
+            _create_quietly(cloud, "region", region, {"description": "", "parent_region_id": None})
         service_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-service:{kind}"))
         _create_quietly(
             cloud,
@@ -163,9 +169,11 @@ def catalog_of(cloud: Cloud, project_id: str | None = None) -> list[dict[str, An
                         "interface": ep.body.get("interface"),
                         "region": ep.body.get("region_id"),
                         "region_id": ep.body.get("region_id"),
-                        "url": _substituted(endpoint_url(cloud, ep), project_id),
+                        "url": url,
                     }
                     for ep in by_service.get(svc.id, [])
+                    # Keystone leaves out what the token's scope cannot fill in.
+                    if "$(" not in (url := _substituted(endpoint_url(cloud, ep), project_id))
                 ],
             }
         )

@@ -76,6 +76,14 @@ class CloudConfig:
     driver: str = "sim"  # the all-in-one cloud's hypervisors: sim, or libvirt (real QEMU)
     virt_type: str | None = None  # libvirt's domain type: kvm, qemu, or None (detected)
     libvirt_uris: dict[str, str] = field(default_factory=dict)  # host name -> libvirt URI
+    host_ip: str | None = None  # the all-in-one hosts' address (Nova's my_ip); None: detected
+    # Start, when the cloud starts, the guests that ran when it stopped (Nova's option of
+    # that name): `stowage up` stops its libvirt daemons, and their guests, with it.
+    resume_guests_state_on_host_boot: bool = True
+    # Block storage: the local-file backend's directory (None: `<state_dir>/volumes`; a path on
+    # shared storage lets every host reach the same files) and its pool's capacity in GiB.
+    volume_dir: Path | None = None
+    volume_pool_gb: int = 1000
 
     @property
     def base_url(self) -> str:

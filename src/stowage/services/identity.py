@@ -802,6 +802,11 @@ class IdentityDirectory:
             project_id=project_id,
         )
 
+    def revoke_token(self, audit_id: str, expires_at: float) -> None:
+        """Revoke one token (DELETE /v3/auth/tokens): refused from now until it expires."""
+        self.objects.put(_REVOKED, audit_id, {"expires_at": expires_at})
+        self.objects.delete(_ISSUED, audit_id)
+
     def revoke_tokens(self, *, user_id: str | None = None, project_id: str | None = None) -> int:
         """Revoke the live tokens of a user, of a project, or of a user on a project."""
         now = self.cloud.clock()

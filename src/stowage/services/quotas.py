@@ -15,14 +15,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, func, select, text
+from sqlalchemy import Connection, func, select
 
-from stowage.domain.errors import QuotaExceeded
+from stowage.domain.errors import InvalidSpec, QuotaExceeded
 from stowage.ledger.schema import objects, server_groups
 from stowage.services.cloud import Cloud
 from stowage.services.compute_catalog import DEFAULT_QUOTAS, quota_key
+from stowage.services.documents import lock_key
 
-__all__ = ["InstanceUsage", "lock_project", "reserve_instances", "reserve_server_group"]
+__all__ = [
+    "InstanceUsage",
+    "lock_project",
+    "reserve_instances",
+    "reserve_server_group",
+    "revert_quota",
+    "set_default_quotas",
+    "set_quota",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +44,7 @@ class InstanceUsage:
 
 def lock_project(conn: Connection, project_id: str) -> None:
     """Hold the project's quota lock until `conn`'s transaction ends."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(
-            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
-            {"key": f"stowage-quota:{project_id}"},
-        )
+    lock_key(conn, f"stowage-quota:{project_id}")
 
 
 def quota_limits_in(
@@ -159,3 +164,64 @@ def reserve_server_group(cloud: Cloud, conn: Connection, project_id: str) -> Non
         raise QuotaExceeded(
             f"Quota exceeded, too many server groups: used {used} of {limit} server_groups"
         )
+
+
+def set_quota(
+    cloud: Cloud,
+    project_id: str,
+    user_id: str | None,
+    wanted: Mapping[str, int],
+    *,
+    force: bool,
+) -> None:
+    """Override the project's (or one user's) limits. Without `force`, a limit below what the
+    project uses now is InvalidSpec, checked under the project's quota lock, so a create
+    cannot slip in between the check and the write."""
+    key = quota_key(project_id, user_id)
+    with cloud.ledger.engine.begin() as conn:
+        lock_project(conn, project_id)
+        if not force:
+            usage = count_instances(conn, project_id, None)
+            groups = int(
+                conn.execute(
+                    select(func.count())
+                    .select_from(server_groups)
+                    .where(server_groups.c.project_id == project_id)
+                ).scalar_one()
+            )
+            used = {
+                "instances": usage.instances,
+                "cores": usage.cores,
+                "ram": usage.ram,
+                "server_groups": groups,
+            }
+            for resource, count in used.items():
+                limit = wanted.get(resource)
+                if limit is not None and 0 <= limit < count:
+                    raise InvalidSpec(
+                        f"Quota limit {limit} for {resource} must be greater than or equal to "
+                        f"already used and reserved {count}."
+                    )
+        current = cloud.objects.find_in(conn, "quota", key)
+        overrides = {**(current.body if current is not None else {}), **wanted}
+        if current is None:
+            cloud.objects.create_in(conn, "quota", key, overrides, project_id=project_id)
+        else:
+            cloud.objects.update_in(conn, "quota", key, overrides)
+
+
+def revert_quota(cloud: Cloud, project_id: str, user_id: str | None) -> None:
+    """Back to the defaults: the project's (or the user's) overrides go."""
+    cloud.objects.delete("quota", quota_key(project_id, user_id))
+
+
+def set_default_quotas(cloud: Cloud, wanted: Mapping[str, int]) -> None:
+    """Override the defaults every project starts from (the "default" quota class)."""
+    with cloud.ledger.engine.begin() as conn:
+        lock_key(conn, "stowage-quota-class:default")
+        current = cloud.objects.find_in(conn, "quota_class", "default")
+        overrides = {**(current.body if current is not None else {}), **wanted}
+        if current is None:
+            cloud.objects.create_in(conn, "quota_class", "default", overrides)
+        else:
+            cloud.objects.update_in(conn, "quota_class", "default", overrides)

@@ -47,9 +47,9 @@ from stowage.domain.topology import HostSpec, HostTopology
 from stowage.ledger.audit import Violation
 from stowage.ledger.db import make_engine, migrate, sqlite_url
 from stowage.ledger.ledger import Ledger
-from stowage.services import networks
 from stowage.services.cloud import Cloud, CloudConfig, bootstrap
 from stowage.services.conductor import Conductor, ConductorConfig
+from stowage.services.networks import addresses
 from stowage.simulation import adapter
 from stowage.simulation.bus import Endpoint, FaultyBus
 from stowage.simulation.checks import Subject, check_all
@@ -974,7 +974,7 @@ def _run(cfg: RunConfig) -> RunResult:
             fixture = _populate(url, _config(state, cfg.hosts))
         stack.enter_context(deterministic(random.Random(f"uuid:{cfg.seed}")))
         world = _World(cfg, url, state, fixture)
-        stack.enter_context(_patched(networks, "_ipam_lock", world.api.ipam_lock))
+        stack.enter_context(_patched(addresses, "_ipam_lock", world.api.ipam_lock))
         stack.enter_context(_errors_logged(world))
         loop = VirtualLoop(world.clock)
         # Not in the trace: "never retrieved" reports come when the garbage collector runs.

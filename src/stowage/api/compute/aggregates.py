@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,8 +12,9 @@ from fastapi.responses import JSONResponse, Response
 from stowage.api.auth import cloud_of, require_admin
 from stowage.api.common import ApiError, json_body
 from stowage.api.compute.microversion import mv
-from stowage.domain.errors import ConflictError
+from stowage.domain.errors import ConflictError, InvalidSpec
 from stowage.ledger.objects import Document
+from stowage.services import aggregates
 from stowage.services import compute_catalog as catalog
 
 __all__ = ["router"]
@@ -20,7 +22,6 @@ __all__ = ["router"]
 router = APIRouter()
 
 _ZONE_KEY = "availability_zone"
-_CREATE_RETRIES_MAX = 5
 
 
 def _view(request: Request, doc: Document, *, full: bool = True) -> dict[str, Any]:
@@ -81,9 +82,18 @@ def _check_zone(request: Request, doc: Document, zone: str | None, hosts: list[s
         )
 
 
-def _save(request: Request, doc: Document, body: dict[str, Any]) -> Document:
-    cloud = cloud_of(request)
-    return cloud.objects.update("aggregate", doc.id, body, name=body["name"])
+def _change(
+    request: Request,
+    doc: Document,
+    change: Callable[[dict[str, Any]], dict[str, Any]],
+    *,
+    hosts: list[str] | None = None,
+) -> Document:
+    """Apply `change` to the aggregate as it is now; the document as written."""
+    body = aggregates.change_aggregate(cloud_of(request), doc.id, change, hosts=hosts or [])
+    return Document(
+        doc.kind, doc.id, doc.project_id, body.get("name"), doc.created_at, doc.updated_at, body
+    )
 
 
 def _name_free(request: Request, name: str, keep: str | None = None) -> None:
@@ -116,16 +126,10 @@ async def create_aggregate(request: Request) -> JSONResponse:
         "hosts": [],
         "metadata": {_ZONE_KEY: zone} if zone else {},
     }
-    for _ in range(_CREATE_RETRIES_MAX):
-        ids = [int(d.id) for d in cloud.objects.list("aggregate")]
-        next_id = max(ids, default=0) + 1
-        try:
-            doc = cloud.objects.create("aggregate", str(next_id), body, name=name)
-            break
-        except ConflictError:
-            continue
-    else:
-        raise ApiError(409, "Could not allocate an aggregate id; try again.")
+    try:
+        doc = aggregates.create_aggregate(cloud, body)
+    except ConflictError as exc:
+        raise ApiError(409, str(exc)) from None
     return JSONResponse({"aggregate": _view(request, doc, full=False)})
 
 
@@ -143,35 +147,37 @@ async def update_aggregate(aggregate_id: str, request: Request) -> JSONResponse:
     if not payload:
         raise ApiError(400, "Invalid input for field/attribute aggregate: name or zone required")
     doc = _get(request, aggregate_id)
-    body = dict(doc.body)
-    metadata = dict(body.get("metadata", {}))
+    name = None
     if "name" in payload:
-        body["name"] = catalog.parse_name(payload["name"], "name")
-        _name_free(request, body["name"], keep=doc.id)
-    if _ZONE_KEY in payload:
-        zone = _zone(payload[_ZONE_KEY])
-        _check_zone(request, doc, zone, list(body.get("hosts", [])))
-        if zone:
-            metadata[_ZONE_KEY] = zone
-        else:
-            metadata.pop(_ZONE_KEY, None)
-    body["metadata"] = metadata
-    doc = _save(request, doc, body)
-    catalog.sync_host_zones(cloud_of(request), body.get("hosts", []))
-    return JSONResponse({"aggregate": _view(request, doc)})
+        name = catalog.parse_name(payload["name"], "name")
+        _name_free(request, name, keep=doc.id)
+    zone = _zone(payload[_ZONE_KEY]) if _ZONE_KEY in payload else None
+
+    def change(body: dict[str, Any]) -> dict[str, Any]:
+        metadata = dict(body.get("metadata", {}))
+        if name is not None:
+            body["name"] = name
+        if _ZONE_KEY in payload:
+            _check_zone(request, doc, zone, list(body.get("hosts", [])))
+            if zone:
+                metadata[_ZONE_KEY] = zone
+            else:
+                metadata.pop(_ZONE_KEY, None)
+        return dict(body, metadata=metadata)
+
+    return JSONResponse({"aggregate": _view(request, _change(request, doc, change))})
 
 
 @router.delete("/os-aggregates/{aggregate_id}")
 async def delete_aggregate(aggregate_id: str, request: Request) -> Response:
     require_admin(request)
     doc = _get(request, aggregate_id)
-    if doc.body.get("hosts"):
-        raise ApiError(
-            400,
-            f"Cannot perform action 'delete' on aggregate {doc.id}. Reason: Host aggregate is "
-            "not empty.",
-        )
-    cloud_of(request).objects.delete("aggregate", doc.id)
+    try:
+        deleted = aggregates.delete_aggregate(cloud_of(request), doc.id)
+    except InvalidSpec as exc:
+        raise ApiError(400, str(exc)) from None
+    if not deleted:
+        raise ApiError(404, f"Aggregate {aggregate_id} could not be found.")
     return Response(status_code=200)
 
 
@@ -189,32 +195,35 @@ def _add_host(request: Request, doc: Document, host: str) -> Document:
     cloud = cloud_of(request)
     if not catalog.read_hosts(cloud, [host]):
         raise ApiError(404, f"Compute host {host} could not be found.")
-    hosts = list(doc.body.get("hosts", []))
-    if host in hosts:
-        raise ApiError(409, f"Aggregate {doc.id} already has host {host}.")
-    zone = doc.body.get("metadata", {}).get(_ZONE_KEY)
-    try:
-        _check_zone(request, doc, zone, [host])
-    except ApiError as exc:
-        raise ApiError(
-            400, exc.message.replace("Cannot update aggregate", "Cannot add host to aggregate")
-        ) from None
-    hosts.append(host)
-    saved = _save(request, doc, dict(doc.body, hosts=hosts))
-    catalog.sync_host_zones(cloud, [host])
-    return saved
+
+    def change(body: dict[str, Any]) -> dict[str, Any]:
+        hosts = list(body.get("hosts", []))
+        if host in hosts:
+            raise ApiError(409, f"Aggregate {doc.id} already has host {host}.")
+        zone = body.get("metadata", {}).get(_ZONE_KEY)
+        try:
+            _check_zone(request, doc, zone, [host])
+        except ApiError as exc:
+            raise ApiError(
+                400, exc.message.replace("Cannot update aggregate", "Cannot add host to aggregate")
+            ) from None
+        return dict(body, hosts=[*hosts, host])
+
+    return _change(request, doc, change)
 
 
 def _remove_host(request: Request, doc: Document, host: str) -> Document:
-    hosts = list(doc.body.get("hosts", []))
-    if host not in hosts:
-        if not catalog.read_hosts(cloud_of(request), [host]):
-            raise ApiError(404, f"Compute host {host} could not be found.")
-        raise ApiError(404, f"Cannot remove host {host} in aggregate {doc.id}")
-    hosts.remove(host)
-    saved = _save(request, doc, dict(doc.body, hosts=hosts))
-    catalog.sync_host_zones(cloud_of(request), [host])
-    return saved
+
+    def change(body: dict[str, Any]) -> dict[str, Any]:
+        hosts = list(body.get("hosts", []))
+        if host not in hosts:
+            if not catalog.read_hosts(cloud_of(request), [host]):
+                raise ApiError(404, f"Compute host {host} could not be found.")
+            raise ApiError(404, f"Cannot remove host {host} in aggregate {doc.id}")
+        hosts.remove(host)
+        return dict(body, hosts=hosts)
+
+    return _change(request, doc, change, hosts=[host])
 
 
 def _set_metadata(request: Request, doc: Document, payload: Any) -> Document:
@@ -223,12 +232,12 @@ def _set_metadata(request: Request, doc: Document, payload: Any) -> Document:
             400, "Invalid input for field/attribute set_metadata: 'metadata' is required"
         )
     catalog.only_keys(payload, {"metadata"}, "set_metadata")
-    metadata = dict(doc.body.get("metadata", {}))
+    wanted: dict[str, str | None] = {}
     for key, value in payload["metadata"].items():
         if not isinstance(key, str) or not 1 <= len(key) <= 255:
             raise ApiError(400, f"Invalid input for field/attribute metadata: key {key!r}")
         if value is None:
-            metadata.pop(key, None)
+            wanted[key] = None
             continue
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise ApiError(400, f"Invalid input for field/attribute {key}: {value!r}")
@@ -237,11 +246,19 @@ def _set_metadata(request: Request, doc: Document, payload: Any) -> Document:
             text = _zone(text) or ""
         elif len(text) > 255:
             raise ApiError(400, f"Invalid input for field/attribute {key}: longer than 255")
-        metadata[key] = text
-    _check_zone(request, doc, metadata.get(_ZONE_KEY), list(doc.body.get("hosts", [])))
-    saved = _save(request, doc, dict(doc.body, metadata=metadata))
-    catalog.sync_host_zones(cloud_of(request), doc.body.get("hosts", []))
-    return saved
+        wanted[key] = text
+
+    def change(body: dict[str, Any]) -> dict[str, Any]:
+        metadata = dict(body.get("metadata", {}))
+        for key, value in wanted.items():
+            if value is None:
+                metadata.pop(key, None)
+            else:
+                metadata[key] = value
+        _check_zone(request, doc, metadata.get(_ZONE_KEY), list(body.get("hosts", [])))
+        return dict(body, metadata=metadata)
+
+    return _change(request, doc, change)
 
 
 @router.post("/os-aggregates/{aggregate_id}/action")

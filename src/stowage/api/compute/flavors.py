@@ -17,6 +17,7 @@ from stowage.api.compute.microversion import mv
 from stowage.domain.errors import ConflictError, InvalidSpec
 from stowage.ledger.objects import Document
 from stowage.services import compute_catalog as catalog
+from stowage.services import flavors
 
 __all__ = ["flavor_view", "router"]
 
@@ -307,12 +308,10 @@ async def create_flavor(request: Request) -> JSONResponse:
         "extra_specs": {},
         "projects": [],
     }
-    if cloud.objects.list("flavor", name=name):
-        raise ApiError(409, f"Flavor with name {name} already exists.")
     try:
-        cloud.objects.create("flavor", flavor_id, body, name=name)
-    except ConflictError:
-        raise ApiError(409, f"Flavor with ID {flavor_id} already exists.") from None
+        flavors.create_flavor(cloud, body)
+    except ConflictError as exc:
+        raise ApiError(409, str(exc)) from None
     return JSONResponse({"flavor": flavor_view(request, body)})
 
 
@@ -327,16 +326,18 @@ async def update_flavor(flavor_id: str, request: Request) -> JSONResponse:
         raise ApiError(
             400, "Invalid input for field/attribute flavor: 'description' is a required property"
         )
-    doc = _get(request, ctx, flavor_id)
-    body = dict(doc.body, description=_description(payload["description"]))
-    cloud_of(request).objects.update("flavor", flavor_id, body)
+    _get(request, ctx, flavor_id)
+    description = _description(payload["description"])
+    body = flavors.change_flavor(
+        cloud_of(request), flavor_id, lambda body: dict(body, description=description)
+    )
     return JSONResponse({"flavor": flavor_view(request, body)})
 
 
 @router.delete("/flavors/{flavor_id}")
 async def delete_flavor(flavor_id: str, request: Request) -> Response:
     require_admin(request)
-    if not cloud_of(request).objects.delete("flavor", flavor_id):
+    if not flavors.delete_flavor(cloud_of(request), flavor_id):
         raise ApiError(404, f"Flavor {flavor_id} could not be found.")
     return Response(status_code=202)
 
@@ -381,26 +382,31 @@ async def flavor_action(flavor_id: str, request: Request) -> JSONResponse:
     if action not in ("addTenantAccess", "removeTenantAccess"):
         raise ApiError(400, f"There is no such action: {action}")
     tenant = _tenant(payload, action)
-    doc = _get(request, ctx, flavor_id)
-    projects = list(doc.body.get("projects", []))
-    if action == "addTenantAccess":
-        if doc.body.get("is_public", True):
-            raise ApiError(409, "Can not add access to a public flavor.")
-        if cloud.objects.find("project", tenant) is None:
-            raise ApiError(400, f"Project ID {tenant} is not a valid project.")
-        if tenant in projects:
-            raise ApiError(
-                409,
-                f"Flavor access already exists for flavor {flavor_id} and project {tenant} "
-                "combination.",
-            )
-        projects.append(tenant)
-    else:
-        if tenant not in projects:
-            raise ApiError(404, f"Flavor access not found for {flavor_id} / {tenant} combination.")
-        projects.remove(tenant)
-    cloud.objects.update("flavor", flavor_id, dict(doc.body, projects=projects))
-    return _access(flavor_id, projects)
+    _get(request, ctx, flavor_id)
+    if action == "addTenantAccess" and cloud.objects.find("project", tenant) is None:
+        raise ApiError(400, f"Project ID {tenant} is not a valid project.")
+
+    def change(body: dict[str, Any]) -> dict[str, Any]:
+        projects = list(body.get("projects", []))
+        if action == "addTenantAccess":
+            if body.get("is_public", True):
+                raise ApiError(409, "Can not add access to a public flavor.")
+            if tenant in projects:
+                raise ApiError(
+                    409,
+                    f"Flavor access already exists for flavor {flavor_id} and project {tenant} "
+                    "combination.",
+                )
+            projects.append(tenant)
+        else:
+            if tenant not in projects:
+                raise ApiError(
+                    404, f"Flavor access not found for {flavor_id} / {tenant} combination."
+                )
+            projects.remove(tenant)
+        return dict(body, projects=projects)
+
+    return _access(flavor_id, flavors.change_flavor(cloud, flavor_id, change)["projects"])
 
 
 # -- extra specs ----------------------------------------------------------------------------
@@ -429,13 +435,15 @@ def _specs(raw: Any) -> dict[str, str]:
 
 
 def _merge_specs(request: Request, doc: Document, new: Mapping[str, str]) -> None:
-    merged = dict(doc.body.get("extra_specs", {}))
-    merged.update(new)
-    try:
-        catalog.check_flavor_specs(doc.body, merged)
-    except InvalidSpec as exc:
-        raise ApiError(400, f"Validation failed; {exc.message}") from None
-    cloud_of(request).objects.update("flavor", doc.id, dict(doc.body, extra_specs=merged))
+    def change(body: dict[str, Any]) -> dict[str, Any]:
+        merged = {**body.get("extra_specs", {}), **new}
+        try:
+            catalog.check_flavor_specs(body, merged)
+        except InvalidSpec as exc:
+            raise ApiError(400, f"Validation failed; {exc.message}") from None
+        return dict(body, extra_specs=merged)
+
+    flavors.change_flavor(cloud_of(request), doc.id, change)
 
 
 @router.get("/flavors/{flavor_id}/os-extra_specs")
@@ -485,10 +493,14 @@ async def update_spec(flavor_id: str, key: str, request: Request) -> JSONRespons
 @router.delete("/flavors/{flavor_id}/os-extra_specs/{key}")
 async def delete_spec(flavor_id: str, key: str, request: Request) -> Response:
     ctx = require_admin(request)
-    doc = _get(request, ctx, flavor_id)
-    specs = dict(doc.body.get("extra_specs", {}))
-    if key not in specs:
-        raise ApiError(404, f"Flavor {flavor_id} has no extra specs with key {key}.")
-    del specs[key]
-    cloud_of(request).objects.update("flavor", flavor_id, dict(doc.body, extra_specs=specs))
+    _get(request, ctx, flavor_id)
+
+    def change(body: dict[str, Any]) -> dict[str, Any]:
+        specs = dict(body.get("extra_specs", {}))
+        if key not in specs:
+            raise ApiError(404, f"Flavor {flavor_id} has no extra specs with key {key}.")
+        del specs[key]
+        return dict(body, extra_specs=specs)
+
+    flavors.change_flavor(cloud_of(request), flavor_id, change)
     return Response(status_code=202)

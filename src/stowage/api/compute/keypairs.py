@@ -22,9 +22,10 @@ from fastapi.responses import JSONResponse, Response
 from stowage.api.auth import cloud_of, require_context, require_writer
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.microversion import mv
-from stowage.domain.errors import ConflictError
+from stowage.domain.errors import ConflictError, QuotaExceeded
 from stowage.ledger.objects import Document
 from stowage.services import compute_catalog as catalog
+from stowage.services import keypairs
 
 __all__ = ["router"]
 
@@ -163,10 +164,6 @@ async def create_keypair(request: Request) -> JSONResponse:
         raise ApiError(
             400, f"Invalid input for field/attribute type: {kind!r} is not one of ssh, x509"
         )
-    limit = catalog.quota_limits(cloud, ctx.project_id)["key_pairs"]
-    owned = catalog.quota_usage(cloud, ctx.project_id, user_id)["key_pairs"]
-    if 0 <= limit <= owned:
-        raise ApiError(403, "Quota exceeded, too many key pairs.")
     private_key = None
     public_key = payload.get("public_key")
     if public_key is None:
@@ -181,11 +178,11 @@ async def create_keypair(request: Request) -> JSONResponse:
         "type": kind,
     }
     try:
-        doc = cloud.objects.create(
-            "keypair", _doc_id(user_id, name), body, project_id=ctx.project_id, name=name
-        )
-    except ConflictError:
-        raise ApiError(409, f"Key pair '{name}' already exists.") from None
+        doc = keypairs.create_keypair(cloud, _doc_id(user_id, name), ctx.project_id, body)
+    except QuotaExceeded as exc:
+        raise ApiError(403, str(exc)) from None
+    except ConflictError as exc:
+        raise ApiError(409, str(exc)) from None
     out = _view(request, doc, full=False)
     out["user_id"] = user_id
     if private_key is not None:
@@ -234,5 +231,5 @@ async def show_keypair(name: str, request: Request) -> JSONResponse:
 async def delete_keypair(name: str, request: Request) -> Response:
     ctx = require_writer(request)
     doc = _find(request, _user(request, ctx), name)
-    cloud_of(request).objects.delete("keypair", doc.id)
+    keypairs.delete_keypair(cloud_of(request), doc.id)
     return Response(status_code=204 if mv(request) >= (2, 2) else 202)

@@ -10,7 +10,9 @@ from fastapi.responses import JSONResponse, Response
 from stowage.api.auth import cloud_of, require_admin, require_context
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.microversion import mv
+from stowage.domain.errors import InvalidSpec
 from stowage.services import compute_catalog as catalog
+from stowage.services import quotas as quotas_service
 
 __all__ = ["router"]
 
@@ -20,7 +22,6 @@ router = APIRouter()
 _NETWORK = ("fixed_ips", "floating_ips", "security_groups", "security_group_rules")
 _PERSONALITY = ("injected_files", "injected_file_content_bytes", "injected_file_path_bytes")
 # Usage is counted for these; the others are per-request limits with nothing to count.
-_COUNTED = ("instances", "cores", "ram", "server_groups")
 
 _LIMIT_NAMES: dict[str, tuple[str, ...]] = {
     "ram": ("maxTotalRAMSize",),
@@ -149,21 +150,10 @@ async def update(project_id: str, request: Request) -> JSONResponse:
     catalog.only_keys(payload, [*shown, "force"], "quota_set")
     force = catalog.parse_bool(payload.pop("force", False), "force")
     wanted = {key: catalog.parse_int(value, key, minimum=-1) for key, value in payload.items()}
-    if not force:
-        used = catalog.quota_usage(cloud, project_id)
-        for key in _COUNTED:
-            limit = wanted.get(key)
-            if limit is not None and 0 <= limit < used[key]:
-                raise ApiError(
-                    400,
-                    f"Quota limit {limit} for {key} must be greater than or equal to already "
-                    f"used and reserved {used[key]}.",
-                )
-    key = catalog.quota_key(project_id, user_id)
-    current = cloud.objects.find("quota", key)
-    overrides = dict(current.body) if current is not None else {}
-    overrides.update(wanted)
-    cloud.objects.put("quota", key, overrides, project_id=project_id)
+    try:
+        quotas_service.set_quota(cloud, project_id, user_id, wanted, force=force)
+    except InvalidSpec as exc:
+        raise ApiError(400, str(exc)) from None
     quotas = catalog.quota_limits(cloud, project_id, user_id)
     return JSONResponse({"quota_set": {r: quotas[r] for r in shown}})
 
@@ -171,8 +161,7 @@ async def update(project_id: str, request: Request) -> JSONResponse:
 @router.delete("/os-quota-sets/{project_id}")
 async def revert(project_id: str, request: Request) -> Response:
     require_admin(request)
-    key = catalog.quota_key(project_id, request.query_params.get("user_id"))
-    cloud_of(request).objects.delete("quota", key)
+    quotas_service.revert_quota(cloud_of(request), project_id, request.query_params.get("user_id"))
     return Response(status_code=202)
 
 
@@ -197,9 +186,6 @@ async def update_class(class_name: str, request: Request) -> JSONResponse:
     catalog.only_keys(payload, shown, "quota_class_set")
     wanted = {key: catalog.parse_int(value, key, minimum=-1) for key, value in payload.items()}
     if class_name == "default":
-        current = cloud.objects.find("quota_class", "default")
-        overrides = dict(current.body) if current is not None else {}
-        overrides.update(wanted)
-        cloud.objects.put("quota_class", "default", overrides)
+        quotas_service.set_default_quotas(cloud, wanted)
     defaults = catalog.default_quotas(cloud)
     return JSONResponse({"quota_class_set": {r: defaults[r] for r in shown}})

@@ -148,7 +148,13 @@ def server_view(
         "OS-EXT-STS:task_state": body.get("task_state"),
         "OS-EXT-STS:vm_state": body["vm_state"],
         "OS-EXT-STS:power_state": body["power_state"],
-        "os-extended-volumes:volumes_attached": [],
+        "os-extended-volumes:volumes_attached": [
+            {"id": d["volume_id"], "delete_on_termination": bool(d.get("delete_on_termination"))}
+            if version >= (2, 3)
+            else {"id": d["volume_id"]}
+            for d in body.get("block_devices") or []
+            if not d.get("attaching")
+        ],
     }
     omit_unset(view)
     if ctx.is_admin:
@@ -279,7 +285,7 @@ def _parse_create(request: Request, cloud: Cloud, ctx: Context, body: Any) -> Bu
     if isinstance(group, list):
         group = group[0] if group else None
     check_group(cloud, ctx, str(group) if group else None)
-    networks = check_nics(cloud, ctx, server.get("networks", "auto"), version)
+    networks = check_nics(cloud, ctx, server.get("networks"), version)
     return BuildRequest(
         name=name,
         flavor=dict(flavor.body),
@@ -602,6 +608,10 @@ async def server_action(request: Request, server_id: str) -> Response:
         return await extra_action(request, ctx, doc, action, args)
     if action in FLOATING_ACTIONS:
         return await floating_action(request, ctx, doc, action, args)
+    from stowage.api.compute.unsupported import UNSUPPORTED_ACTIONS, refuse_action
+
+    if action in UNSUPPORTED_ACTIONS or action == "forceDelete":
+        refuse_action(doc, action, mv(request))
     raise ApiError(400, f"There is no such action: {action}")
 
 

@@ -307,5 +307,5 @@ async def check_token(request: Request) -> Response:
 async def revoke_token(request: Request) -> Response:
     cloud = cloud_of(request)
     subject = _subject(request, "identity:revoke_token")
-    cloud.objects.put("revoked_token", subject.audit_id, {"expires_at": subject.expires_at})
+    IdentityDirectory(cloud).revoke_token(subject.audit_id, subject.expires_at)
     return Response(status_code=204)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import random
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,6 @@ from stowage.services.networks.common import (
     NeutronConflict,
     _address,
     _invalid,
-    _ipam_lock,
     _uuid5,
 )
 
@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from stowage.services.cloud import Cloud
 
 # -- address claims ---------------------------------------------------------------------------
+
+
+# One address decision at a time in this process; the claim documents guard across processes.
+_ipam_lock = threading.Lock()
 
 
 def _ip_claim_id(subnet_id: str, address: str) -> str:

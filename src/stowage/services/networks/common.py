@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import threading
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,8 +20,6 @@ MTU = 1450
 AVAILABILITY_ZONE = "nova"
 MAC_PREFIX = "fa:16:3e"
 _NAMESPACE = uuid.UUID("6a1d5c0e-9d1b-4a55-8f1e-2a63c1f0b7aa")
-# One address decision at a time in this process; the claim documents guard across processes.
-_ipam_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
