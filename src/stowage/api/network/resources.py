@@ -474,14 +474,12 @@ def _create_bulk(
     cloud: Cloud, ctx: Context, resource: _Resource, items: Any
 ) -> list[dict[str, Any]]:
     """Neutron's bulk create: all of them, or (the ones made are deleted again) none."""
-    if not isinstance(items, list) or not all(
-        isinstance(i, dict) and list(i) == [resource.singular] for i in items
-    ):
-        raise _bad(f"Invalid input: '{resource.plural}' is a list of '{resource.singular}'")
+    if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
+        raise _bad(f"Invalid input: '{resource.plural}' is a list of {resource.singular} objects")
     made: list[dict[str, Any]] = []
     try:
         for item in items:
-            made.append(resource.create(cloud, ctx, item[resource.singular]))
+            made.append(resource.create(cloud, ctx, item))
     except BaseException:
         for row in reversed(made):
             resource.delete(cloud, ctx, row["id"])
