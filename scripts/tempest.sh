@@ -44,6 +44,7 @@ done
 
 export OS_CLIENT_CONFIG_FILE="$WORKSPACE/cloud/clouds.yaml" OS_CLOUD=stowage-admin
 IMAGE_REF="$("$ROOT/.venv/bin/openstack" image list --public -f value -c ID | head -n 1)"
+PUBLIC_NETWORK_ID="$("$ROOT/.venv/bin/openstack" network show public -f value -c id)"
 # devstack's flavor ids, which a fresh Stowage cloud has: m1.nano and m1.micro.
 FLAVOR_REF=42
 FLAVOR_REF_ALT=84
@@ -51,7 +52,7 @@ FLAVOR_REF_ALT=84
 mkdir -p "$WORKSPACE/ws/etc"
 sed -e "s|@BASE_URL@|$BASE_URL|g" -e "s|@IMAGE_REF@|$IMAGE_REF|g" \
   -e "s|@FLAVOR_REF@|$FLAVOR_REF|g" -e "s|@FLAVOR_REF_ALT@|$FLAVOR_REF_ALT|g" \
-  -e "s|@HOSTS@|$HOSTS|g" -e "s|@WORKSPACE@|$WORKSPACE/ws|g" \
+  -e "s|@HOSTS@|$HOSTS|g" -e "s|@PUBLIC_NETWORK_ID@|$PUBLIC_NETWORK_ID|g" -e "s|@WORKSPACE@|$WORKSPACE/ws|g" \
   "$ROOT/scripts/tempest.conf.in" >"$WORKSPACE/ws/etc/tempest.conf"
 
 cd "$WORKSPACE/ws"

@@ -126,7 +126,7 @@ def boot_args(name: str, *args: str, flavor: str = "m1.tiny") -> list[str]:
     ]
 
 
-def start_cloud(state_dir: Path, *extra: str) -> RunningCloud:
+def start_cloud(state_dir: Path, *extra: str, timeout_s: float = 60.0) -> RunningCloud:
     port = free_port()
     log = state_dir.parent / f"{state_dir.name}.log"
     with log.open("wb") as out:
@@ -147,7 +147,7 @@ def start_cloud(state_dir: Path, *extra: str) -> RunningCloud:
             stderr=subprocess.STDOUT,
         )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"stowage up exited {process.returncode}: {log.read_text()}")
@@ -158,7 +158,7 @@ def start_cloud(state_dir: Path, *extra: str) -> RunningCloud:
             pass
         time.sleep(0.2)
     process.kill()
-    raise RuntimeError(f"stowage up did not answer within 60 s: {log.read_text()}")
+    raise RuntimeError(f"stowage up did not answer within {timeout_s} s: {log.read_text()}")
 
 
 def stop_cloud(cloud: RunningCloud) -> None:

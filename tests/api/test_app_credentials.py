@@ -75,12 +75,36 @@ def test_terraform_style_automation_through_openstacksdk_alone(
     assert server.status == "ACTIVE"
     ports = list(conn.network.ports(device_id=server.id))
     assert [ip["subnet_id"] for p in ports for ip in p.fixed_ips] == [subnet.id]
-    # Routers and floating IPs are not served (no L3 extension is advertised): Neutron's 404.
-    assert not conn.network.find_extension("router")
-    with pytest.raises(openstack.exceptions.NotFoundException):
-        conn.network.create_router(name=unique("tf-router"))
+    # A router from the subnet to the external network, and a floating IP through it.
+    public = conn.network.find_network("public", ignore_missing=False)
+    router = conn.network.create_router(
+        name=unique("tf-router"), external_gateway_info={"network_id": public.id}
+    )
+    gateway = router.external_gateway_info["external_fixed_ips"]
+    assert [ip["ip_address"].startswith("172.24.4.") for ip in gateway] == [True]
+    conn.network.add_interface_to_router(router, subnet_id=subnet.id)
+    fip = conn.network.create_ip(floating_network_id=public.id)
+    assert fip.status == "DOWN"
+    fip = conn.network.update_ip(fip, port_id=ports[0].id)
+    assert (fip.status, fip.router_id, fip.fixed_ip_address) == (
+        "ACTIVE",
+        router.id,
+        ports[0].fixed_ips[0]["ip_address"],
+    )
+    addresses = conn.compute.get_server(server.id).addresses[net.name]
+    assert {(a["OS-EXT-IPS:type"], a["addr"]) for a in addresses} == {
+        ("fixed", ports[0].fixed_ips[0]["ip_address"]),
+        ("floating", fip.floating_ip_address),
+    }
+    # The router cannot lose what the floating IP needs; the server's end frees it.
+    with pytest.raises(openstack.exceptions.ConflictException):
+        conn.network.remove_interface_from_router(router, subnet_id=subnet.id)
     conn.compute.delete_server(server)
     conn.compute.wait_for_delete(server, wait=120)
+    assert conn.network.get_ip(fip.id).status == "DOWN"
+    conn.network.remove_interface_from_router(router, subnet_id=subnet.id)
+    conn.network.delete_ip(fip)
+    conn.network.delete_router(router)
 
 
 def test_roles_restriction_expiry_and_revocation(cloud: RunningCloud, team: Personas) -> None:

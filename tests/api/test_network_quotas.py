@@ -114,7 +114,8 @@ def test_availability_zones_and_extension_names_as_neutron_spells_them(
     cloud: RunningCloud, team: Personas
 ) -> None:
     zones = _json(team.osc("reader", "availability", "zone", "list", "--network", "-f", "json"))
-    assert zones == [{"Zone Name": "nova", "Zone Status": "available"}]
+    # One zone, for networks and for routers (a row each).
+    assert zones == [{"Zone Name": "nova", "Zone Status": "available"}] * 2
     names = {e["Alias"]: e["Name"] for e in cloud.osc_json("extension", "list", "--network")}
     assert names["external-net"] == "Neutron external network"
     assert names["quotas"] == "Quota management support"
@@ -148,3 +149,25 @@ def test_a_servers_security_groups_are_shown_by_name(cloud: RunningCloud) -> Non
     assert missing.status_code == 400
     assert "no-such-group" in missing.text
     cloud.osc("server", "delete", "--wait", server["id"])
+
+
+def test_a_bulk_create_makes_all_or_none(cloud: RunningCloud, team: Personas) -> None:
+    pid = team.project["id"]
+    base = f"{cloud.base_url}/networking/v2.0"
+    admin = {"X-Auth-Token": cloud.token()}
+    member = {"X-Auth-Token": team.token("member")}
+    names = [unique("bulk"), unique("bulk")]
+    bulk = {"networks": [{"name": n} for n in names]}
+    made = httpx.post(f"{base}/networks", headers=member, json=bulk)
+    assert made.status_code == 201, made.text
+    assert [n["name"] for n in made.json()["networks"]] == names
+    used = httpx.get(f"{base}/quotas/{pid}/details", headers=admin).json()["quota"]
+    limit = {"quota": {"network": used["network"]["used"] + 1, "force": True}}
+    assert httpx.put(f"{base}/quotas/{pid}", headers=admin, json=limit).is_success
+    try:
+        refused = httpx.post(f"{base}/networks", headers=member, json=bulk)
+        assert refused.status_code == 409
+        mine = httpx.get(f"{base}/networks", headers=member, params={"name": names}).json()
+        assert len(mine["networks"]) == 2  # the first two only: the refused batch left none
+    finally:
+        httpx.delete(f"{base}/quotas/{pid}", headers=admin)

@@ -36,6 +36,7 @@ def _config(cloud: RunningCloud, workdir: Path) -> Path:
         "FLAVOR_REF_ALT": "84",
         "HOSTS": str(hosts),
         "WORKSPACE": str(workdir),
+        "PUBLIC_NETWORK_ID": cloud.osc_json("network", "show", "public")["id"],
     }
     text = (ROOT / "scripts" / "tempest.conf.in").read_text()
     text = re.sub(r"@([A-Z_]+)@", lambda m: values[m.group(1)], text)

@@ -24,6 +24,7 @@ from tests.conftest import pg_schema_url
 pytestmark = pytest.mark.postgres
 
 BOOT_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 180.0  # the processes start slowly on a loaded machine (alembic, QEMU)
 HOST_IP = "198.51.100.7"  # TEST-NET-2: the address the agent is told it has
 
 
@@ -64,7 +65,7 @@ def libvirt_production(tmp_path: Path) -> Iterator[tuple[RunningCloud, str, str]
     host = f"prod-lv-{uuid.uuid4().hex[:6]}"
     cloud = RunningCloud(base, state, procs[0], tmp_path / "api.log")
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             assert procs[0].poll() is None, (tmp_path / "api.log").read_text()
             assert time.monotonic() < deadline, "the API did not come up"
@@ -81,7 +82,7 @@ def libvirt_production(tmp_path: Path) -> Iterator[tuple[RunningCloud, str, str]
         agent += ("--driver", "libvirt", "--libvirt-uri", daemon.uri, "--virt-type", "qemu")
         agent += ("--image-api", f"{base}/image", "--host-ip", HOST_IP)
         procs.append(_spawn(tmp_path / "agent.log", *agent))
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             assert procs[-1].poll() is None, (tmp_path / "agent.log").read_text()
             assert time.monotonic() < deadline, (tmp_path / "agent.log").read_text()

@@ -15,7 +15,9 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from tests.api.cloudproc import RunningCloud, start_cloud, stop_cloud
 
@@ -40,14 +42,72 @@ def _wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = BOOT_
     while not predicate():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(1.0)
+        time.sleep(0.5)
+
+
+class _Api:
+    """The compute API over plain HTTP, for the polls: one `openstack` process costs seconds
+    of CPU on a busy machine, a request a few milliseconds. Actions go through the CLI."""
+
+    def __init__(self, cloud: RunningCloud) -> None:
+        self.cloud = cloud
+        self._token = cloud.token()
+        self._ids: dict[str, str] = {}
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self.cloud.compute(method, path, token=self._token, **kwargs)
+        if response.status_code == 401:  # expired: once more with a new token
+            self._token = self.cloud.token()
+            response = self.cloud.compute(method, path, token=self._token, **kwargs)
+        return response
+
+    def id_of(self, name: str) -> str:
+        if name not in self._ids:
+            found = self._call("GET", f"/servers?name=^{name}$").json()["servers"]
+            assert len(found) == 1, found
+            self._ids[name] = str(found[0]["id"])
+        return self._ids[name]
+
+    def forget(self, name: str) -> None:
+        self._ids.pop(name, None)
+
+    def server(self, name: str) -> dict[str, Any]:
+        shown = self._call("GET", f"/servers/{self.id_of(name)}").json()["server"]
+        return {
+            "id": shown["id"],
+            "status": shown["status"],
+            "host": shown["OS-EXT-SRV-ATTR:host"],
+            "task_state": shown["OS-EXT-STS:task_state"],
+        }
+
+    def console(self, name: str) -> str:
+        response = self._call(
+            "POST", f"/servers/{self.id_of(name)}/action", json={"os-getConsoleOutput": {}}
+        )
+        return str(response.json()["output"]) if response.status_code == 200 else ""
+
+    def boot_id(self, name: str) -> str:
+        _wait_for(lambda: guest_image.MARKER in self.console(name), f"{name}'s console marker")
+        found = re.findall(rf"{guest_image.MARKER} boot_id=(\S+)", self.console(name))
+        return str(found[-1])
+
+    def active(self, *names: str) -> None:
+        def settled() -> bool:
+            shown = [self.server(n) for n in names]
+            failed = [s for s in shown if s["status"] == "ERROR"]
+            assert not failed, failed
+            return all(s["status"] == "ACTIVE" and not s["task_state"] for s in shown)
+
+        _wait_for(settled, f"{', '.join(names)} to be ACTIVE")
 
 
 @pytest.fixture(scope="module")
 def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCloud]:
     _require_real_qemu()
     state = tmp_path_factory.mktemp("libvirt-cloud") / "state"
-    running = start_cloud(state, "--driver", "libvirt", "--hosts", "3", "--virt-type", "qemu")
+    running = start_cloud(
+        state, "--driver", "libvirt", "--hosts", "3", "--virt-type", "qemu", timeout_s=180
+    )
     try:
         yield running
     finally:
@@ -91,12 +151,6 @@ def _console(cloud: RunningCloud, name: str) -> str:
     return cloud.osc("console", "log", "show", name).stdout
 
 
-def _boot_id(cloud: RunningCloud, name: str) -> str:
-    _wait_for(lambda: guest_image.MARKER in _console(cloud, name), f"{name}'s console marker")
-    found = re.findall(rf"{guest_image.MARKER} boot_id=(\S+)", _console(cloud, name))
-    return str(found[-1])
-
-
 def _uptime(text: str) -> int:
     counts = re.findall(rf"{guest_image.UPTIME_PREFIX} (\d+) ", text)
     return int(counts[-1]) if counts else 0
@@ -111,7 +165,24 @@ def _server(cloud: RunningCloud, name: str) -> dict[str, str]:
     }
 
 
+def _osc_in_background(cloud: RunningCloud, *args: str) -> subprocess.Popen[str]:
+    """`openstack ARGS` running while the test goes on; `_finished` checks its exit."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "openstack"), *args],
+        env=cloud.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finished(proc: subprocess.Popen[str]) -> None:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, f"{proc.args}: {out}{err}"
+
+
 def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Path) -> None:
+    api = _Api(cloud)
     # The guest disk, built from Debian packages by the repo's script, uploaded as an image.
     script = Path(__file__).parents[2] / "scripts" / "make-guest-image.sh"
     disk = tmp_path / "guest.qcow2"
@@ -126,19 +197,21 @@ def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Pa
     hypervisors = cloud.osc_json("hypervisor", "list", "--long")
     assert {h["Hypervisor Type"] for h in hypervisors} == {"QEMU"}
 
-    def boot(name: str, flavor: str, image: str = "guest") -> dict[str, str]:
+    def create(name: str, flavor: str, image: str = "guest") -> None:
         cloud.osc(
-            "server", "create", "--flavor", flavor, "--image", image, "--nic", "none",
-            "--wait", name,
+            "server", "create", "--flavor", flavor, "--image", image, "--nic", "none", name
         )  # fmt: skip
-        server = _server(cloud, name)
-        assert server["status"] == "ACTIVE"
-        return server
 
-    pinned = boot("pinned", "m1.pinned")
-    shared = boot("shared", "m1.micro")
-    boot_id = _boot_id(cloud, "pinned")
-    _boot_id(cloud, "shared")
+    # Both guests boot at once.
+    create("pinned", "m1.pinned")
+    create("shared", "m1.micro")
+    api.active("pinned", "shared")
+    pinned, shared = api.server("pinned"), api.server("shared")
+    assert pinned["status"] == shared["status"] == "ACTIVE"
+    boot_id = api.boot_id("pinned")
+    api.boot_id("shared")
+    for name in ("pinned", "shared"):  # the CLI's console log shows the marker
+        assert guest_image.MARKER in _console(cloud, name)
 
     # What libvirt enforces is what the ledger claims.
     ledger = _ledger_pins(cloud, pinned["id"])
@@ -149,8 +222,13 @@ def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Pa
         pinned["host"] != shared["host"]
     )
 
+    # The snapshot of the shared guest is taken while the pinned one live-migrates.
+    snapshot = _osc_in_background(
+        cloud, "server", "image", "create", "--name", "snap", "--wait", "shared"
+    )
+
     # Live migration of the running pinned guest: the same guest, on the other host's pins.
-    before = _uptime(_console(cloud, "pinned"))
+    before = _uptime(api.console("pinned"))
     cloud.osc("server", "migrate", "--live-migration", "--wait", "pinned")
     moved = _server(cloud, "pinned")
     assert moved["status"] == "ACTIVE"
@@ -158,7 +236,7 @@ def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Pa
     assert f"instance-{pinned['id']}" not in _virsh(cloud, pinned["host"], "list", "--all")
     new_pins = _ledger_pins(cloud, pinned["id"])
     assert _vcpupin(cloud, moved["host"], pinned["id"]) == {0: str(new_pins[0])}
-    _wait_for(lambda: _uptime(_console(cloud, "pinned")) > before + 1, "the counter to go on")
+    _wait_for(lambda: _uptime(api.console("pinned")) > before + 1, "the counter to go on")
     after = _console(cloud, "pinned")  # the destination's log: from the switch-over on
     assert f"boot_id={boot_id}" in after
     assert guest_image.MARKER not in after  # not booted again
@@ -168,8 +246,8 @@ def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Pa
     assert [m["Status"] for m in migrations] == ["completed"]
 
     # A snapshot is an image of the disk, flattened, in the base's format (qcow2 data
-    # labelled qcow2), and it boots.
-    cloud.osc("server", "image", "create", "--name", "snap", "--wait", "shared")
+    # labelled qcow2), and it boots (while the shared guest stops, starts and reboots).
+    _finished(snapshot)
     snap = cloud.osc_json("image", "show", "snap")
     assert (snap["status"], snap["disk_format"]) == ("active", "qcow2")
     saved = tmp_path / "snap.qcow2"
@@ -182,29 +260,30 @@ def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Pa
         check=True,
     ).stdout
     assert '"backing-filename"' not in info  # standalone, not an overlay
-    boot("from-snap", "m1.micro", image="snap")
-    _boot_id(cloud, "from-snap")
-    cloud.osc("server", "delete", "--wait", "from-snap")
+    create("from-snap", "m1.micro", image="snap")
 
     # Stop, start, reboot: the guest really stops, and boots again.
-    first = _boot_id(cloud, "shared")
+    first = api.boot_id("shared")
     cloud.osc("server", "stop", "shared")
-    _wait_for(lambda: _server(cloud, "shared")["status"] == "SHUTOFF", "shared to stop")
+    _wait_for(lambda: api.server("shared")["status"] == "SHUTOFF", "shared to stop")
     assert "shut off" in _virsh(cloud, shared["host"], "domstate", f"instance-{shared['id']}")
     cloud.osc("server", "start", "shared")
-    _wait_for(lambda: _server(cloud, "shared")["status"] == "ACTIVE", "shared to start")
-    _wait_for(lambda: _boot_id(cloud, "shared") != first, "a new boot after start")
-    second = _boot_id(cloud, "shared")
+    _wait_for(lambda: api.server("shared")["status"] == "ACTIVE", "shared to start")
+    _wait_for(lambda: api.boot_id("shared") != first, "a new boot after start")
+    second = api.boot_id("shared")
     cloud.osc("server", "reboot", "--hard", "--wait", "shared")
-    _wait_for(lambda: _boot_id(cloud, "shared") != second, "a new boot after reboot")
+    _wait_for(lambda: api.boot_id("shared") != second, "a new boot after reboot")
+
+    # The snapshot's guest.
+    api.active("from-snap")
+    api.boot_id("from-snap")
 
     # `virsh destroy` behind Stowage's back shows in the server's state.
     _virsh(cloud, moved["host"], "destroy", f"instance-{pinned['id']}")
-    _wait_for(lambda: _server(cloud, "pinned")["status"] == "SHUTOFF", "power sync of pinned", 40)
+    _wait_for(lambda: api.server("pinned")["status"] == "SHUTOFF", "power sync of pinned", 40)
 
     # Delete leaves no domain and no disk anywhere.
-    for name in ("pinned", "shared"):
-        cloud.osc("server", "delete", "--wait", name)
+    cloud.osc("server", "delete", "--wait", "from-snap", "pinned", "shared")
     for host in HOSTS:
         assert "instance-" not in _virsh(cloud, host, "list", "--all")
         disks = cloud.state_dir / "libvirt" / host / "disks"
@@ -216,44 +295,34 @@ def test_two_pinned_guests_migrated_at_once_to_room_for_one(cloud: RunningCloud)
     """Seed 002 on a real hypervisor: each host has one dedicated CPU; two pinned guests are
     live-migrated at the same moment while only one host has room. One moves, onto that
     host's CPU; the other stays where it runs; no pCPU is ever pinned twice."""
+    api = _Api(cloud)
     names = ("seed-a", "seed-b")
-    for name in names:
+    for name in names:  # both boot at once
         cloud.osc(
             "server", "create", "--flavor", "m1.pinned", "--image", "stowage-guest",
-            "--nic", "none", "--wait", name,
+            "--nic", "none", name,
         )  # fmt: skip
-    before = {name: _server(cloud, name) for name in names}
+    api.active(*names)
+    before = {name: api.server(name) for name in names}
     assert before["seed-a"]["host"] != before["seed-b"]["host"]
     (free,) = set(HOSTS) - {s["host"] for s in before.values()}
-    counts = {name: _uptime(_console(cloud, name)) for name in names}
     for name in names:
-        _boot_id(cloud, name)
+        api.boot_id(name)
+    counts = {name: _uptime(api.console(name)) for name in names}
 
     moves = [
-        subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "openstack"),
-                "server",
-                "migrate",
-                "--live-migration",
-                "--wait",
-                name,
-            ],
-            env=cloud.env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        _osc_in_background(cloud, "server", "migrate", "--live-migration", "--wait", name)
         for name in names
     ]
     for move in moves:
-        move.wait(timeout=300)
+        move.communicate(timeout=300)  # one of them is refused: no host has room for both
 
     def settled() -> bool:
-        shown = [cloud.osc_json("server", "show", n) for n in names]
-        return all(s["status"] == "ACTIVE" and not s["OS-EXT-STS:task_state"] for s in shown)
+        shown = [api.server(n) for n in names]
+        return all(s["status"] == "ACTIVE" and not s["task_state"] for s in shown)
 
     _wait_for(settled, "both servers to settle")
-    after = {name: _server(cloud, name) for name in names}
+    after = {name: api.server(name) for name in names}
     moved = [n for n in names if after[n]["host"] != before[n]["host"]]
     assert len(moved) == 1, after
     assert after[moved[0]]["host"] == free
@@ -267,9 +336,9 @@ def test_two_pinned_guests_migrated_at_once_to_room_for_one(cloud: RunningCloud)
                 pinned_here += pins.values()
         assert len(pinned_here) == len(set(pinned_here)), (host, pinned_here)
     for name in names:  # both guests still run, the moved one and the one that stayed
-        _wait_for(_counting(cloud, name, counts[name]), f"{name} running")
-        cloud.osc("server", "delete", "--wait", name)
+        _wait_for(_counting(api, name, counts[name]), f"{name} running")
+    cloud.osc("server", "delete", "--wait", *names)
 
 
-def _counting(cloud: RunningCloud, name: str, past: int) -> Callable[[], bool]:
-    return lambda: _uptime(_console(cloud, name)) > past
+def _counting(api: _Api, name: str, past: int) -> Callable[[], bool]:
+    return lambda: _uptime(api.console(name)) > past

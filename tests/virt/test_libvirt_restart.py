@@ -12,7 +12,6 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from tests.api.cloudproc import RunningCloud, start_cloud, stop_cloud
@@ -54,10 +53,14 @@ def _boot_ids(cloud: RunningCloud, name: str) -> list[str]:
     return re.findall(rf"{guest_image.MARKER} boot_id=(\S+)", text)
 
 
-def test_a_restarted_libvirt_cloud_runs_its_guests_again(tmp_path: Path) -> None:
+def test_a_restarted_libvirt_cloud_runs_its_guests_again(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     _require_real_qemu()
-    state = tmp_path / "state"
-    cloud = start_cloud(state, *UP)
+    # A short directory: libvirt's sockets live under it, and a unix socket's path has at
+    # most 107 bytes (the test's own name in the path made it too long).
+    state = tmp_path_factory.mktemp("lvr") / "state"
+    cloud = start_cloud(state, *UP, timeout_s=180)
     try:
         for name in ("runs", "rests"):
             cloud.osc(
@@ -71,7 +74,7 @@ def test_a_restarted_libvirt_cloud_runs_its_guests_again(tmp_path: Path) -> None
     finally:
         stop_cloud(cloud)
 
-    cloud = start_cloud(state, *UP)
+    cloud = start_cloud(state, *UP, timeout_s=180)
     try:
         assert _status(cloud, "runs") == "ACTIVE"
         assert _domstate(cloud, ids["runs"]) == "running"

@@ -63,6 +63,10 @@ def require_context(request: Request) -> Context:
         raise ApiError(401, "The request you have made requires authentication.")
     cloud = cloud_of(request)
     ctx = context_from_token(cloud, token)
+    if ctx.project_id == "" and not ctx.roles and request.scope.get("root_path") != "/identity":
+        # An unscoped token is for identity only (to list projects and rescope), as
+        # keystonemiddleware refuses one.
+        raise ApiError(401, "The request you have made requires authentication.")
     if ctx.extras.get("application_credential"):
         _check_access_rules(cloud, request, ctx)
     return ctx

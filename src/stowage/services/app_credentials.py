@@ -31,10 +31,12 @@ if TYPE_CHECKING:
 __all__ = [
     "METHOD",
     "access_allowed",
+    "access_rules_of",
     "authenticate",
     "create",
     "credential_of_token",
     "delete",
+    "delete_access_rule",
     "get",
     "list_of",
     "record_token",
@@ -46,6 +48,7 @@ _KIND = "application_credential"
 _NAME = "app_credential_name"
 _TOKEN = "app_credential_token"
 _REVOKED = "revoked_token"
+_RULE = "access_rule"  # a user's access rule, kept past the credentials that name it
 _FIELDS = {"name", "description", "secret", "expires_at", "roles", "unrestricted", "access_rules"}
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
@@ -115,6 +118,33 @@ def _access_rules(value: Any) -> list[dict[str, str]]:
     return rules
 
 
+def _with_ids(cloud: Cloud, user_id: str, rules: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Each rule with the id of the user's identical rule, if there is one (Keystone's)."""
+    known = {
+        (d.body["service"], d.body["method"], d.body["path"]): d.id
+        for d in cloud.objects.list(_RULE, name=user_id)
+    }
+    return [{**r, "id": known.get((r["service"], r["method"], r["path"]), r["id"])} for r in rules]
+
+
+def access_rules_of(cloud: Cloud, user_id: str) -> list[Document]:
+    return cloud.objects.list(_RULE, name=user_id)
+
+
+def delete_access_rule(cloud: Cloud, user_id: str, rule_id: str) -> None:
+    """Refused while a credential of the user names it (Keystone's 403)."""
+    doc = cloud.objects.find(_RULE, rule_id)
+    if doc is None or doc.name != user_id:
+        raise NotFound(f"Could not find Access Rule: {rule_id}.")
+    for cred in list_of(cloud, user_id):
+        if any(r["id"] == rule_id for r in cred.body.get("access_rules", [])):
+            raise Forbidden(
+                f"Cannot delete access rule {rule_id} because it is in use by application "
+                f"credential {cred.id}."
+            )
+    cloud.objects.delete(_RULE, rule_id)
+
+
 def create(
     cloud: Cloud,
     *,
@@ -141,6 +171,7 @@ def create(
     unrestricted = fields.get("unrestricted", False)
     if not isinstance(unrestricted, bool):
         raise _invalid("unrestricted", "a boolean")
+    rules = _with_ids(cloud, user_id, _access_rules(fields.get("access_rules")))
     body = {
         "user_id": user_id,
         "project_id": project_id,
@@ -149,13 +180,16 @@ def create(
         "expires_at": _expiry(fields.get("expires_at"), cloud.clock()),
         "roles": _roles(cloud, fields.get("roles"), held_roles),
         "unrestricted": unrestricted,
-        "access_rules": _access_rules(fields.get("access_rules")),
+        "access_rules": rules,
         "secret_hash": hash_password(secret),
     }
     cred_id = uuid.uuid4().hex
     try:
         with cloud.ledger.engine.begin() as conn:
             cloud.objects.create_in(conn, _NAME, f"{user_id}:{name}", {"id": cred_id})
+            for rule in rules:
+                if cloud.objects.find_in(conn, _RULE, rule["id"]) is None:
+                    cloud.objects.create_in(conn, _RULE, rule["id"], rule, name=user_id)
             doc = cloud.objects.create_in(
                 conn, _KIND, cred_id, body, project_id=project_id, name=user_id
             )

@@ -315,10 +315,14 @@ def _endpoint_body(cloud: Cloud, fields: Mapping[str, Any]) -> dict[str, Any]:
     interface = fields.get("interface")
     if interface not in INTERFACES:
         raise _invalid("interface", f"{interface!r} is not one of {', '.join(INTERFACES)}")
-    # Keystone v2's "region" is the old name of region_id.
+    # Keystone v2's "region" is the old name of region_id; given that way, a region that does
+    # not exist yet is created (as Keystone does), given as region_id it must exist.
+    legacy = "region_id" not in fields and fields.get("region") is not None
     region_id = _text("region_id", fields.get("region_id", fields.get("region")))
     if region_id is not None and cloud.objects.find("region", region_id) is None:
-        raise _invalid("region_id", f"region {region_id} does not exist")
+        if not legacy:
+            raise _invalid("region_id", f"region {region_id} does not exist")
+        _create_quietly(cloud, "region", region_id, {"description": "", "parent_region_id": None})
     body.pop("region", None)
     body.update(
         {

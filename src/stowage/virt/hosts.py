@@ -58,6 +58,7 @@ def start_libvirt_hosts(
                 host_uuid=host_uuid,
                 migration_port_min=49152 + 32 * i,
             )
+            _seed_qemu_capabilities(daemon.root)
             daemon.start()
             hosts.daemons.append(daemon)
             conn = libvirt.open(daemon.uri)
@@ -65,6 +66,7 @@ def start_libvirt_hosts(
                 caps = str(conn.getCapabilities())
             finally:
                 conn.close()
+            _keep_qemu_capabilities(daemon.root)
             cpus = sorted(os.sched_getaffinity(0))
             dedicated = frozenset({cpus[i % len(cpus)]}) if len(cpus) > 1 else frozenset()
             topology = host_topology(caps, cpu_dedicated_set=dedicated)
@@ -83,6 +85,45 @@ def start_libvirt_hosts(
         hosts.stop()
         raise
     return hosts
+
+
+def _capabilities_cache() -> Path:
+    """Where QEMU's capabilities, as libvirt probed them, are kept between daemons: probing
+    runs every installed `qemu-system-*` and takes seconds each (tens on a busy machine),
+    and every private daemon would probe again. libvirt checks a cached entry against the
+    binaries' and its own times and versions, and probes again when it is stale."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "stowage" / "libvirt-qemu-capabilities"
+
+
+def _qemu_capabilities_dir(daemon_root: Path) -> Path:
+    return daemon_root / "cache" / "qemu" / "capabilities"
+
+
+def _seed_qemu_capabilities(daemon_root: Path) -> None:
+    try:
+        cached = list(_capabilities_cache().glob("*.xml"))
+        if not cached:
+            return
+        target = _qemu_capabilities_dir(daemon_root)
+        target.mkdir(parents=True, exist_ok=True)
+        for path in cached:
+            if not (target / path.name).exists():
+                shutil.copyfile(path, target / path.name)
+    except OSError:
+        return  # a cache only: the daemon probes
+
+
+def _keep_qemu_capabilities(daemon_root: Path) -> None:
+    try:
+        cache = _capabilities_cache()
+        cache.mkdir(parents=True, exist_ok=True)
+        for path in _qemu_capabilities_dir(daemon_root).glob("*.xml"):
+            part = cache / f".{path.name}.{os.getpid()}.part"
+            shutil.copyfile(path, part)
+            part.replace(cache / path.name)
+    except OSError:
+        return
 
 
 def _disk_gb(state_dir: Path) -> int:

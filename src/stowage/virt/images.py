@@ -127,20 +127,22 @@ class HttpImageUpload:
         self._task: asyncio.Task[httpx.Response] | None = None
 
     async def write(self, chunk: bytes) -> None:
+        await self._send(chunk)
+
+    async def commit(self) -> None:
+        await self._send(None)
+        await self._finish()
+
+    async def _send(self, item: bytes | None) -> None:
+        """Hand `item` to the request (the end of the data: None), unless it ended first."""
         if self._task is None:
             self._task = asyncio.create_task(self._put())
-        put = asyncio.create_task(self._chunks.put(chunk))
+        put = asyncio.create_task(self._chunks.put(item))
         await asyncio.wait({put, self._task}, return_when=asyncio.FIRST_COMPLETED)
         if not put.done():  # the request ended before taking the data: its error says why
             put.cancel()
             await self._finish()
             raise DriverError(f"PUT {self.url} ended early", code="virt.image.upload_failed")
-
-    async def commit(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._put())
-        await self._chunks.put(None)
-        await self._finish()
 
     async def abort(self) -> None:
         if self._task is not None:
@@ -153,7 +155,9 @@ class HttpImageUpload:
         try:
             response = await self._task
         except httpx.HTTPError as exc:
-            raise DriverError(f"PUT {self.url}: {exc}", code="virt.image.upload_failed") from None
+            raise DriverError(
+                f"PUT {self.url}: {type(exc).__name__} {exc}", code="virt.image.upload_failed"
+            ) from None
         if response.status_code != 204:
             raise DriverError(
                 f"PUT {self.url} answered {response.status_code}: {response.text[:200]}",

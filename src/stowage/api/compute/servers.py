@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.create_schema import check_create_shapes
+from stowage.api.compute.floating_ips import FLOATING_ACTIONS, floating_action
 from stowage.api.compute.microversion import mv
 from stowage.api.compute.server_actions import EXTRA_ACTIONS, extra_action
 from stowage.api.compute.server_fields import (
@@ -624,6 +625,8 @@ async def server_action(request: Request, server_id: str) -> Response:
         return await _rebuild(request, ctx, doc, args)
     if action in EXTRA_ACTIONS:
         return await extra_action(request, ctx, doc, action, args)
+    if action in FLOATING_ACTIONS:
+        return await floating_action(request, ctx, doc, action, args)
     from stowage.api.compute.shelving import SHELVE_ACTIONS, shelve_action
     from stowage.api.compute.unsupported import UNSUPPORTED_ACTIONS, refuse_action
 

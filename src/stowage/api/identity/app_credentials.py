@@ -33,7 +33,8 @@ def credential_view(request: Request, doc: Document) -> dict[str, Any]:
         "description": body.get("description"),
         "user_id": body["user_id"],
         "project_id": body["project_id"],
-        "expires_at": iso(float(expires_at)) if expires_at is not None else None,
+        # Keystone shows a credential's expiry without the zone designator.
+        "expires_at": iso(float(expires_at)).removesuffix("Z") if expires_at is not None else None,
         "roles": body.get("roles", []),
         "unrestricted": bool(body.get("unrestricted", False)),
         "access_rules": body.get("access_rules", []),
@@ -116,14 +117,17 @@ async def delete_credential(request: Request, user_id: str, cred_id: str) -> Res
 
 
 def _rules(request: Request, user_id: str) -> list[dict[str, Any]]:
-    rules: dict[str, dict[str, Any]] = {}
-    for doc in svc.list_of(cloud_of(request), user_id):
-        for rule in doc.body.get("access_rules", []):
-            rules[rule["id"]] = {
-                **rule,
-                "links": {"self": f"{base_of(request)}/users/{user_id}/access_rules/{rule['id']}"},
-            }
-    return list(rules.values())
+    base = base_of(request)
+    return [
+        {
+            "id": doc.id,
+            "service": doc.body["service"],
+            "method": doc.body["method"],
+            "path": doc.body["path"],
+            "links": {"self": f"{base}/users/{user_id}/access_rules/{doc.id}"},
+        }
+        for doc in svc.access_rules_of(cloud_of(request), user_id)
+    ]
 
 
 @router.get("/v3/users/{user_id}/access_rules")
@@ -139,3 +143,10 @@ async def show_access_rule(request: Request, user_id: str, rule_id: str) -> JSON
     if rule is None:
         raise NotFound(f"Could not find Access Rule: {rule_id}.")
     return JSONResponse({"access_rule": rule})
+
+
+@router.delete("/v3/users/{user_id}/access_rules/{rule_id}")
+async def delete_access_rule(request: Request, user_id: str, rule_id: str) -> Response:
+    _owner_or_admin(request, user_id, "delete_access_rule")
+    svc.delete_access_rule(cloud_of(request), user_id, rule_id)
+    return Response(status_code=204)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from stowage.api.auth import cloud_of, require_context
-from stowage.api.identity.policy import admin
+from stowage.api.identity.policy import admin, reader_of_all
 from stowage.api.identity.views import base_of, collection, envelope, keep
 from stowage.ledger.objects import Document
 from stowage.services import catalog as svc
@@ -118,7 +118,7 @@ async def delete_region(request: Request, region_id: str) -> Response:
 
 @router.get("/v3/services")
 async def list_services(request: Request) -> JSONResponse:
-    admin(request, "list_services")
+    reader_of_all(request, "list_services")
     docs = [
         d
         for d in svc.services(cloud_of(request))
@@ -136,7 +136,7 @@ async def create_service(request: Request) -> JSONResponse:
 
 @router.api_route("/v3/services/{service_id}", methods=_GET_HEAD)
 async def show_service(request: Request, service_id: str) -> JSONResponse:
-    admin(request, "get_service")
+    reader_of_all(request, "get_service")
     doc = svc.service(cloud_of(request), service_id)
     return JSONResponse({"service": _service_view(request, doc)})
 
@@ -161,7 +161,7 @@ async def delete_service(request: Request, service_id: str) -> Response:
 
 @router.get("/v3/endpoints")
 async def list_endpoints(request: Request) -> JSONResponse:
-    admin(request, "list_endpoints")
+    reader_of_all(request, "list_endpoints")
     wanted = {"interface": "interface", "service_id": "service_id", "region_id": "region_id"}
     docs = [d for d in svc.endpoints(cloud_of(request)) if keep(request, d, wanted)]
     return _page(request, "endpoints", docs, _endpoint_view)
@@ -176,7 +176,7 @@ async def create_endpoint(request: Request) -> JSONResponse:
 
 @router.api_route("/v3/endpoints/{endpoint_id}", methods=_GET_HEAD)
 async def show_endpoint(request: Request, endpoint_id: str) -> JSONResponse:
-    admin(request, "get_endpoint")
+    reader_of_all(request, "get_endpoint")
     doc = svc.endpoint(cloud_of(request), endpoint_id)
     return JSONResponse({"endpoint": _endpoint_view(request, doc)})
 

@@ -23,6 +23,7 @@ from stowage.ledger.objects import Document
 from stowage.services.cloud import DEFAULT_DOMAIN
 from stowage.services.identity import IMPLIED_ROLES, Grant, IdentityDirectory
 from stowage.services.identity_groups import GroupDirectory, GroupGrant
+from stowage.services.identity_system import system_role_ids
 
 __all__ = ["router"]
 
@@ -154,7 +155,7 @@ async def list_role_assignments(request: Request) -> JSONResponse:
     grants, group_grants, via = _collect(
         request, directory, groups, user_id, project_id, domain_id, include_subtree, effective
     )
-    if not who.is_admin:
+    if not who.reads_all:
         grants = [g for g in grants if g.user_id == who.ctx.user_id]
         group_grants = []
     pairs = directory.effective(grants) if effective else ((g, None) for g in grants)
@@ -165,11 +166,31 @@ async def list_role_assignments(request: Request) -> JSONResponse:
     base = base_of(request)
     rows = [_assignment(base, g, prior, names, via) for g, prior in pairs]
     rows += [_group_assignment(base, g, names, groups) for g in group_grants]
+    if params.get("scope.system") or not (project_id or domain_id or params.get("group.id")):
+        rows += _system_rows(who, base, user_id, role_id, names)
     query = str(request.url.query)
     self_url = f"{base}/role_assignments" + (f"?{query}" if query else "")
     return JSONResponse(
         {"role_assignments": rows, "links": {"self": self_url, "previous": None, "next": None}}
     )
+
+
+def _system_rows(
+    who: Caller, base: str, user_id: str | None, role_id: str | None, names: _Names | None
+) -> list[dict[str, Any]]:
+    rows = []
+    for user, role in system_role_ids(who.directory.cloud, user_id or None):
+        if (role_id and role != role_id) or not (who.reads_all or user == who.ctx.user_id):
+            continue
+        rows.append(
+            {
+                "role": names.role(role) if names else {"id": role},
+                "user": names.user(user) if names else {"id": user},
+                "scope": {"system": {"all": True}},
+                "links": {"assignment": f"{base}/system/users/{user}/roles/{role}"},
+            }
+        )
+    return rows
 
 
 def _collect(
@@ -374,5 +395,7 @@ async def list_auth_domains(request: Request) -> JSONResponse:
 
 @router.get("/v3/auth/system")
 async def list_auth_system(request: Request) -> JSONResponse:
-    caller(request)
-    return JSONResponse({"system": [], "links": {"self": f"{base_of(request)}/auth/system"}})
+    who = caller(request)
+    held = system_role_ids(who.directory.cloud, who.ctx.user_id)
+    system = [{"all": True}] if held else []
+    return JSONResponse({"system": system, "links": {"self": f"{base_of(request)}/auth/system"}})

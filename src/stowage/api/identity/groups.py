@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import ApiError
-from stowage.api.identity.policy import admin, caller, forbid
+from stowage.api.identity.policy import admin, caller, forbid, reader_of_all
 from stowage.api.identity.views import (
     base_of,
     collection,
@@ -58,7 +58,7 @@ def _groups_page(request: Request, docs: list[Document], path: str = "groups") -
 
 @router.get("/v3/groups")
 async def list_groups(request: Request) -> JSONResponse:
-    admin(request, "list_groups")
+    reader_of_all(request, "list_groups")
     return _groups_page(request, _directory(request).groups())
 
 
@@ -74,7 +74,7 @@ async def show_group(request: Request, group_id: str) -> JSONResponse:
     who = caller(request)
     directory = _directory(request)
     doc = directory.group(group_id)
-    if not who.is_admin and doc.id not in {g.id for g in directory.groups_of(who.ctx.user_id)}:
+    if not who.reads_all and doc.id not in {g.id for g in directory.groups_of(who.ctx.user_id)}:
         raise forbid("identity:get_group")
     return JSONResponse({"group": group_view(base_of(request), doc)})
 
@@ -98,7 +98,7 @@ async def delete_group(request: Request, group_id: str) -> Response:
 
 @router.get("/v3/groups/{group_id}/users")
 async def list_members(request: Request, group_id: str) -> JSONResponse:
-    admin(request, "list_users_in_group")
+    reader_of_all(request, "list_users_in_group")
     directory = _directory(request)
     directory.group(group_id)
     ids = directory.member_ids(group_id)
@@ -174,7 +174,7 @@ async def grant_role(
 async def check_role(
     request: Request, kind: str, target: str, group_id: str, role_id: str
 ) -> Response:
-    admin(request, "check_grant")
+    reader_of_all(request, "check_grant")
     directory = _directory(request)
     scope = _scope(directory, kind, target)
     directory.group(group_id)
@@ -200,7 +200,7 @@ async def revoke_role(
 
 @router.get("/v3/{kind}/{target}/groups/{group_id}/roles")
 async def list_grants(request: Request, kind: str, target: str, group_id: str) -> JSONResponse:
-    admin(request, "list_grants")
+    reader_of_all(request, "list_grants")
     directory = _directory(request)
     scope = _scope(directory, kind, target)
     directory.group(group_id)

@@ -133,7 +133,7 @@ async def list_projects(request: Request) -> JSONResponse:
     if "is_domain" in request.query_params and _wants_domains(request):
         docs: list[Document] = []  # no project here acts as a domain
     else:
-        visible = None if who.is_admin else who.project_ids()
+        visible = None if who.reads_all else who.project_ids()
         docs = [
             p
             for p in who.directory.projects()

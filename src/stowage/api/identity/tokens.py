@@ -17,6 +17,7 @@ from stowage.services import app_credentials
 from stowage.services.catalog import catalog_of
 from stowage.services.cloud import DEFAULT_DOMAIN, Cloud
 from stowage.services.identity import IdentityDirectory, Unauthorized
+from stowage.services.identity_system import system_roles_of
 
 __all__ = ["router", "token_body"]
 
@@ -60,16 +61,29 @@ def _password_user(cloud: Cloud, ref: Any) -> Document:
     return IdentityDirectory(cloud).password_login(user, password)
 
 
-def _resolve_project(cloud: Cloud, scope: Any, user: Document) -> Document:
-    """The project to scope to: the one asked for, or else the user's default project."""
+def _wants_system(scope: Any) -> bool:
+    """Keystone's system scope: {"system": {"all": true}}."""
+    if not isinstance(scope, dict) or "system" not in scope:
+        return False
+    if scope["system"] != {"all": True}:
+        raise ApiError(400, "Invalid input for field 'scope/system': only {\"all\": true}")
+    return True
+
+
+def _resolve_project(cloud: Cloud, scope: Any, user: Document) -> Document | None:
+    """The project to scope to: the one asked for, or else the user's default project; None
+    for an unscoped token (no scope and no default project)."""
     if not scope:
         default = user.body.get("default_project_id")
         if not default:
-            raise ApiError(401, "An unscoped token needs a default project here.")
+            return None
         project = cloud.objects.find("project", str(default))
         if project is None:
             raise ApiError(401, f"Could not find the default project {default} of the user.")
         return project
+    if isinstance(scope, dict) and "domain" in scope:
+        # A valid request in Keystone, not carried out here: a 501, not a 400 that blames it.
+        raise ApiError(501, "Domain-scoped tokens are not implemented here.")
     if not isinstance(scope, dict) or not isinstance(scope.get("project"), dict):
         raise ApiError(400, "Only project scope is supported.")
     ref = scope["project"]
@@ -106,6 +120,22 @@ def token_body(
         str(project.body.get("domain_id", DEFAULT_DOMAIN)) if project else DEFAULT_DOMAIN
     )
     role_ids = {d.name: d.id for d in cloud.objects.list("role")}
+    if ctx.project_id == "" and not ctx.roles:
+        # Unscoped (Keystone's): who and until when, no scope, roles or catalog.
+        return {
+            "token": {
+                "methods": methods,
+                "expires_at": iso(ctx.expires_at),
+                "issued_at": iso(issued_at),
+                "audit_ids": audit_ids or [ctx.audit_id],
+                "user": {
+                    "id": ctx.user_id,
+                    "name": ctx.user_name,
+                    "domain": _domain_ref(cloud, user_domain),
+                    "password_expires_at": None,
+                },
+            }
+        }
     return {
         "token": {
             "methods": methods,
@@ -118,15 +148,25 @@ def token_body(
                 "domain": _domain_ref(cloud, user_domain),
                 "password_expires_at": None,
             },
-            "project": {
-                "id": ctx.project_id,
-                "name": project.name if project else "",
-                "domain": _domain_ref(cloud, project_domain),
-            },
+            **_scope_part(cloud, ctx, project, project_domain),
             "roles": [{"id": role_ids.get(r, r), "name": r} for r in sorted(ctx.roles)],
-            "catalog": catalog_of(cloud, ctx.project_id),
+            "catalog": catalog_of(cloud, ctx.project_id or None),
             "is_domain": False,
             **_credential_part(cloud, ctx, methods),
+        }
+    }
+
+
+def _scope_part(
+    cloud: Cloud, ctx: Context, project: Document | None, project_domain: str
+) -> dict[str, Any]:
+    if ctx.project_id == "":
+        return {"system": {"all": True}}
+    return {
+        "project": {
+            "id": ctx.project_id,
+            "name": project.name if project else "",
+            "domain": _domain_ref(cloud, project_domain),
         }
     }
 
@@ -180,17 +220,25 @@ async def issue_token(request: Request) -> JSONResponse:
         raise ApiError(401, f"Unsupported authentication methods: {methods}")
     try:
         directory.check_user_may_log_in(user)
-        project = _resolve_project(cloud, scope, user)
-        directory.check_project_usable(project)
+        if _wants_system(scope):
+            project_id, roles = "", system_roles_of(cloud, user.id)
+            if not roles:
+                raise Unauthorized(f"The user {user.id} has no role on the system.")
+        else:
+            project = _resolve_project(cloud, scope, user)
+            if project is None:  # unscoped: no project, no roles, no catalog
+                project_id, roles = "", ()
+            else:
+                directory.check_project_usable(project)
+                project_id, roles = project.id, cloud.roles_of(user.id, project.id)
+                if not roles:
+                    raise Unauthorized(f"The user {user.id} has no role on project {project.id}.")
     except Unauthorized as exc:
         raise ApiError(401, exc.message) from None
-    roles = cloud.roles_of(user.id, project.id)
-    if not roles:
-        raise ApiError(401, f"The user {user.id} has no role on project {project.id}.")
     token, payload = cloud.tokens.issue(
-        user.id, project.id, roles, methods=tuple(methods), parent=parent
+        user.id, project_id, roles, methods=tuple(methods), parent=parent
     )
-    directory.record_token(payload.audit_id, user.id, project.id, payload.expires_at)
+    directory.record_token(payload.audit_id, user.id, project_id, payload.expires_at)
     ctx = context_from_token(cloud, token)
     return JSONResponse(
         token_body(cloud, ctx, payload.issued_at, methods, payload.audit_ids),

@@ -59,14 +59,17 @@ async def delete_quota(project_id: str, request: Request, ctx: Reader) -> Respon
     return Response(status_code=204)
 
 
-# Neutron's availability_zone extension: one zone, for networks (what the ML2 DHCP agents
-# would report).
+# Neutron's availability_zone extension: one zone, for networks and routers (what the DHCP
+# and L3 agents would report).
 _ZONE_FIELDS = ("name", "resource", "state")
 
 
 @router.get("/availability_zones")
 async def list_zones(request: Request, ctx: Reader) -> JSONResponse:
-    zones = [{"name": AVAILABILITY_ZONE, "resource": "network", "state": "available"}]
+    zones = [
+        {"name": AVAILABILITY_ZONE, "resource": resource, "state": "available"}
+        for resource in ("network", "router")
+    ]
     for key, value in request.query_params.multi_items():
         if key == "fields":
             continue

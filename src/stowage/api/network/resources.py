@@ -1,4 +1,5 @@
-"""Network v2.0: networks, subnets, ports, security groups and their rules, tags, extensions.
+"""Network v2.0: networks, subnets, ports, security groups and their rules, routers, floating
+IPs, tags, extensions.
 
 Every collection shares neutron's list semantics: filters on any attribute (repeat a
 parameter to accept several values), `fields` to trim the answer, `sort_key`/`sort_dir`, and
@@ -21,6 +22,7 @@ from stowage.api.auth import cloud_of, require_context, require_writer
 from stowage.api.common import ApiError, Context, json_body
 from stowage.services import networks as svc
 from stowage.services.cloud import Cloud
+from stowage.services.networks import l3
 
 __all__ = ["NeutronRoute", "router"]
 
@@ -207,6 +209,49 @@ RESOURCES = (
         None,
         svc.delete_security_group_rule,
         "Security group rule {} does not exist",
+    ),
+    _Resource(
+        "routers",
+        "router",
+        "routers",
+        "router",
+        (
+            *_STANDARD,
+            "status",
+            "admin_state_up",
+            "external_gateway_info",
+            "availability_zones",
+            "availability_zone_hints",
+            "flavor_id",
+        ),
+        l3.list_routers,
+        l3.get_router,
+        l3.create_router,
+        l3.update_router,
+        l3.delete_router,
+        "Router {} could not be found",
+    ),
+    _Resource(
+        "floatingips",
+        "floatingip",
+        "floatingips",
+        "floatingip",
+        (
+            *_STANDARD,
+            "status",
+            "floating_network_id",
+            "floating_ip_address",
+            "router_id",
+            "port_id",
+            "fixed_ip_address",
+            "qos_policy_id",
+        ),
+        l3.list_floatingips,
+        l3.get_floatingip,
+        l3.create_floatingip,
+        l3.update_floatingip,
+        l3.delete_floatingip,
+        "Floating IP {} could not be found",
     ),
 )
 
@@ -398,7 +443,10 @@ def _shower(resource: _Resource) -> Callable[..., Coroutine[Any, Any, JSONRespon
 
 
 async def _attrs(request: Request, resource: _Resource) -> dict[str, Any]:
-    body = await json_body(request)
+    return _attrs_of(await json_body(request), resource)
+
+
+def _attrs_of(body: Any, resource: _Resource) -> dict[str, Any]:
     if not isinstance(body, dict) or not isinstance(body.get(resource.singular), dict):
         raise _bad(f"Unable to find '{resource.singular}' in request body")
     if len(body) != 1:
@@ -411,11 +459,32 @@ async def _attrs(request: Request, resource: _Resource) -> dict[str, Any]:
 
 def _creator(resource: _Resource) -> Callable[..., Coroutine[Any, Any, JSONResponse]]:
     async def handler(request: Request, ctx: Writer) -> JSONResponse:
-        attrs = await _attrs(request, resource)
+        body = await json_body(request)
+        if isinstance(body, dict) and list(body) == [resource.plural]:
+            rows = _create_bulk(cloud_of(request), ctx, resource, body[resource.plural])
+            return JSONResponse({resource.plural: rows}, status_code=201)
+        attrs = _attrs_of(body, resource)
         row = resource.create(cloud_of(request), ctx, attrs)
         return JSONResponse({resource.singular: row}, status_code=201)
 
     return handler
+
+
+def _create_bulk(
+    cloud: Cloud, ctx: Context, resource: _Resource, items: Any
+) -> list[dict[str, Any]]:
+    """Neutron's bulk create: all of them, or (the ones made are deleted again) none."""
+    if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
+        raise _bad(f"Invalid input: '{resource.plural}' is a list of {resource.singular} objects")
+    made: list[dict[str, Any]] = []
+    try:
+        for item in items:
+            made.append(resource.create(cloud, ctx, item))
+    except BaseException:
+        for row in reversed(made):
+            resource.delete(cloud, ctx, row["id"])
+        raise
+    return made
 
 
 def _updater(
@@ -445,6 +514,28 @@ for _r in RESOURCES:
     if _r.update is not None:
         router.add_api_route(f"{path}/{{id}}", _updater(_r, _r.update), methods=["PUT"])
     router.add_api_route(f"{path}/{{id}}", _deleter(_r), methods=["DELETE"])
+
+
+# -- router interfaces ----------------------------------------------------------------------
+
+
+async def _interface_body(request: Request) -> Any:
+    body = await json_body(request)
+    if not isinstance(body, dict):
+        raise _bad("Bad router request: the body must be an object.")
+    return body
+
+
+@router.put("/routers/{id}/add_router_interface")
+async def add_router_interface(id: str, request: Request, ctx: Writer) -> JSONResponse:
+    body = await _interface_body(request)
+    return JSONResponse(l3.add_router_interface(cloud_of(request), ctx, id, body))
+
+
+@router.put("/routers/{id}/remove_router_interface")
+async def remove_router_interface(id: str, request: Request, ctx: Writer) -> JSONResponse:
+    body = await _interface_body(request)
+    return JSONResponse(l3.remove_router_interface(cloud_of(request), ctx, id, body))
 
 
 # -- tags -------------------------------------------------------------------------------------
@@ -540,6 +631,11 @@ EXTENSIONS: dict[str, tuple[str, str]] = {
         "For example PXE boot options to DHCP clients can be specified (e.g. tftp-server, "
         "server-ip-address, bootfile-name)",
     ),
+    "ext-gw-mode": (
+        "Neutron L3 Configurable external gateway mode",
+        "Extension of the router abstraction for specifying whether SNAT should occur on the "
+        "external gateway",
+    ),
     "filter-validation": (
         "Filter parameters validation",
         "Provides validation on filtering parameters.",
@@ -564,6 +660,15 @@ EXTENSIONS: dict[str, tuple[str, str]] = {
     "quota_details": (
         "Quota details management support",
         "Expose functions for quotas usage statistics per project",
+    ),
+    "router": (
+        "Neutron L3 Router",
+        "Router abstraction for basic L3 forwarding between L2 Neutron networks and access to "
+        "external networks via a NAT gateway.",
+    ),
+    "router_availability_zone": (
+        "Router Availability Zone",
+        "Availability zone support for router.",
     ),
     "security-group": ("security-group", "The security groups extension."),
     "sorting": ("Sorting support", "Extension that indicates that sorting is enabled."),

@@ -226,6 +226,12 @@ def _valid_mac(value: Any) -> str:
 
 
 def _drop_port(cloud: Cloud, port: Mapping[str, Any]) -> None:
+    # A floating IP whose port goes is no longer associated (Neutron's).
+    for doc in cloud.objects.list("floatingip"):
+        if doc.body.get("port_id") == port["id"]:
+            fip = {k: v for k, v in doc.body.items() if k != "_subnet_id"}
+            fip.update(port_id=None, fixed_ip_address=None, router_id=None, status="DOWN")
+            cloud.objects.update("floatingip", doc.id, fip)
     if cloud.objects.delete("port", port["id"]):
         _release_ips(cloud, port.get("fixed_ips", []))
         cloud.objects.delete(

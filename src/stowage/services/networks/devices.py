@@ -99,7 +99,8 @@ def release_ports(cloud: Cloud, device_id: str) -> int:
 
 
 def addresses_of(cloud: Cloud, device_id: str) -> dict[str, list[dict[str, Any]]]:
-    """A server's `addresses`, as nova shows them: network name to its fixed addresses."""
+    """A server's `addresses`, as nova shows them: network name to its fixed addresses and
+    the floating ones associated with them."""
     names = {n["id"]: n.get("name") or n["id"] for n in _bodies(cloud, "network")}
     subnets = {s["id"]: s["ip_version"] for s in _bodies(cloud, "subnet")}
     out: dict[str, list[dict[str, Any]]] = {}
@@ -116,4 +117,14 @@ def addresses_of(cloud: Cloud, device_id: str) -> dict[str, list[dict[str, Any]]
                     "OS-EXT-IPS-MAC:mac_addr": port["mac_address"],
                 }
             )
+        for fip in _bodies(cloud, "floatingip"):
+            if fip.get("port_id") == port["id"]:
+                entries.append(
+                    {
+                        "version": 4,
+                        "addr": fip["floating_ip_address"],
+                        "OS-EXT-IPS:type": "floating",
+                        "OS-EXT-IPS-MAC:mac_addr": port["mac_address"],
+                    }
+                )
     return out

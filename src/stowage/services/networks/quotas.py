@@ -37,12 +37,13 @@ __all__ = [
     "update_quota",
 ]
 
-# Neutron's defaults (neutron/conf/quota.py), for the resources this network service serves:
-# no routers or floating IPs (no L3 extension is advertised), so no quota for them.
+# Neutron's defaults (neutron/conf/quota.py), for the resources this network service serves.
 DEFAULT_QUOTAS: dict[str, int] = {
     "network": 100,
     "subnet": 100,
     "port": 500,
+    "router": 10,
+    "floatingip": 50,
     "security_group": 10,
     "security_group_rule": 100,
 }
@@ -51,6 +52,8 @@ _KINDS = {
     "network": "network",
     "subnet": "subnet",
     "port": "port",
+    "router": "router",
+    "floatingip": "floatingip",
     "security_group": "security_group",
     "security_group_rule": "security_group_rule",
 }

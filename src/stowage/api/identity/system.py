@@ -1,0 +1,62 @@
+"""Role grants on the system (Keystone's /v3/system/users/{user_id}/roles)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from stowage.api.auth import cloud_of
+from stowage.api.common import ApiError
+from stowage.api.identity.policy import admin, caller, forbid
+from stowage.api.identity.views import base_of, collection, role_view
+from stowage.services import identity_system as svc
+
+__all__ = ["router"]
+
+router = APIRouter()
+_GRANT = "/v3/system/users/{user_id}/roles/{role_id}"
+
+
+@router.put(_GRANT)
+async def grant(request: Request, user_id: str, role_id: str) -> Response:
+    admin(request, "create_system_grant_for_user")
+    svc.grant_system(cloud_of(request), user_id, role_id)
+    return Response(status_code=204)
+
+
+@router.api_route(_GRANT, methods=["GET", "HEAD"])
+async def check(request: Request, user_id: str, role_id: str) -> Response:
+    who = caller(request)
+    if not who.may_see_user(user_id):
+        raise forbid("identity:check_system_grant_for_user")
+    who.directory.user(user_id)
+    who.directory.role(role_id)
+    if not svc.has_system_grant(cloud_of(request), user_id, role_id):
+        raise ApiError(
+            404,
+            f"Could not find role assignment with role: {role_id}, user or group: {user_id}, "
+            "project, domain, or system: all.",
+        )
+    return Response(status_code=204)
+
+
+@router.delete(_GRANT)
+async def revoke(request: Request, user_id: str, role_id: str) -> Response:
+    admin(request, "revoke_system_grant_for_user")
+    svc.revoke_system(cloud_of(request), user_id, role_id)
+    return Response(status_code=204)
+
+
+@router.get("/v3/system/users/{user_id}/roles")
+async def list_grants(request: Request, user_id: str) -> JSONResponse:
+    who = caller(request)
+    if not who.may_see_user(user_id):
+        raise forbid("identity:list_system_grants_for_user")
+    who.directory.user(user_id)
+    role_ids = {r for _u, r in svc.system_role_ids(cloud_of(request), user_id)}
+    docs = [r for r in who.directory.roles() if r.id in role_ids]
+    base = base_of(request)
+    page = collection(
+        request, "roles", docs, lambda r: role_view(base, r), path=f"system/users/{user_id}/roles"
+    )
+    return JSONResponse(page)

@@ -1,0 +1,69 @@
+"""Role grants on the system (Keystone's system scope): a "system_assignment" document per
+(user, role), whose id is derived from them so that granting twice leaves one. A token scoped
+to the system carries these roles (and those they imply) and no project."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+
+from stowage.domain.errors import ConflictError, NotFound
+from stowage.services.cloud import Cloud
+from stowage.services.identity import IMPLIED_ROLES, IdentityDirectory
+
+__all__ = ["grant_system", "revoke_system", "system_role_ids", "system_roles_of"]
+
+_KIND = "system_assignment"
+
+
+def _id(user_id: str, role_id: str) -> str:
+    return hashlib.sha256(f"system:all\0{user_id}\0{role_id}".encode()).hexdigest()
+
+
+def system_role_ids(cloud: Cloud, user_id: str | None = None) -> list[tuple[str, str]]:
+    """(user id, role id) of the system grants, of one user or of all."""
+    return [
+        (d.body["user_id"], d.body["role_id"])
+        for d in cloud.objects.list(_KIND)
+        if user_id is None or d.body["user_id"] == user_id
+    ]
+
+
+def has_system_grant(cloud: Cloud, user_id: str, role_id: str) -> bool:
+    return cloud.objects.find(_KIND, _id(user_id, role_id)) is not None
+
+
+def grant_system(cloud: Cloud, user_id: str, role_id: str) -> None:
+    directory = IdentityDirectory(cloud)
+    directory.user(user_id)
+    directory.role(role_id)
+    with contextlib.suppress(ConflictError):
+        cloud.objects.create(_KIND, _id(user_id, role_id), {"user_id": user_id, "role_id": role_id})
+
+
+def revoke_system(cloud: Cloud, user_id: str, role_id: str) -> None:
+    if not cloud.objects.delete(_KIND, _id(user_id, role_id)):
+        raise NotFound(
+            f"Could not find role assignment with role: {role_id}, user or group: {user_id}, "
+            "project, domain, or system: all.",
+            code="identity.role_assignment.not_found",
+        )
+    # Its system-scoped tokens carried the role: they go (recorded with no project).
+    IdentityDirectory(cloud).revoke_tokens(user_id=user_id, project_id="")
+
+
+def system_roles_of(cloud: Cloud, user_id: str) -> tuple[str, ...]:
+    """The names of the user's system roles and of the roles they imply."""
+    names = []
+    for _user, role_id in system_role_ids(cloud, user_id):
+        role = cloud.objects.find("role", role_id)
+        if role is not None and role.name:
+            names.append(role.name)
+    out = set(names)
+    pending = list(names)
+    while pending:
+        for implied in IMPLIED_ROLES.get(pending.pop(), ()):
+            if implied not in out:
+                out.add(implied)
+                pending.append(implied)
+    return tuple(sorted(out))
