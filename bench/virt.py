@@ -1,7 +1,13 @@
-"""Time to ACTIVE, time to the guest's console marker and live-migration time (the API's
-`--wait`, end to end): libvirt/QEMU (TCG) against the simulated driver, each in a fresh
-`stowage up --hosts 2`. The simulated driver has no guest, so it has no console figure.
-Downtime is not measured yet.
+"""Time to ACTIVE, time to the guest's console marker, live-migration time (the API's
+`--wait`, end to end) and the migration's downtime: libvirt/QEMU (TCG) against the simulated
+driver, each in a fresh `stowage up --hosts 2`. The simulated driver has no guest, so it has
+no console figure.
+
+Downtime, libvirt: QEMU's own figure, `downtime` in the completed job's stats
+(virDomainGetJobStats with VIR_DOMAIN_JOB_STATS_COMPLETED) on the destination: from the
+source's vCPUs stopping to the destination's running. Simulated: the guest's pause as the
+destination's console reports it, from the source pausing it for the switch-over to the
+destination taking it (`finish_migration`): the conductor's round trip between the two.
 
     .venv/bin/python bench/virt.py [--runs 1] [--drivers sim,libvirt]   # libvirt needs root
 """
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -89,10 +96,15 @@ def run_once(driver: str) -> dict[str, float | None]:
         start = time.perf_counter()
         osc(env, "server", "migrate", "--live-migration", "--wait", "vm")
         migrate_s = time.perf_counter() - start
+        if driver == "libvirt":
+            downtime_ms = libvirt_downtime_ms(state / "s", env)
+        else:
+            downtime_ms = sim_downtime_ms(osc(env, "console", "log", "show", "vm"))
         return {
             "active_s": round(active_s, 2),
             "console_marker_s": None if marker_s is None else round(marker_s, 2),
             "live_migration_s": round(migrate_s, 2),
+            "downtime_ms": None if downtime_ms is None else round(downtime_ms, 1),
         }
     finally:
         proc.terminate()
@@ -102,6 +114,27 @@ def run_once(driver: str) -> dict[str, float | None]:
             proc.kill()
         log.close()
         shutil.rmtree(state, ignore_errors=True)
+
+
+def sim_downtime_ms(console: str) -> float | None:
+    found = re.findall(r"arrived after a ([0-9.]+) ms pause", console)
+    return float(found[-1]) if found else None
+
+
+def libvirt_downtime_ms(state: Path, env: dict[str, str]) -> float | None:
+    """`downtime` of the completed migration job, read from the destination's libvirt."""
+    import libvirt
+
+    shown = json.loads(osc(env, "server", "show", "vm", "-f", "json"))
+    host, server_id = shown["OS-EXT-SRV-ATTR:host"], shown["id"]
+    sock = state / "libvirt" / host / "daemon" / "sock" / "libvirt-sock"
+    conn = libvirt.open(f"qemu+unix:///system?socket={sock}")
+    try:
+        dom = conn.lookupByName(f"instance-{server_id}")
+        stats = dom.jobStats(libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED)
+    finally:
+        conn.close()
+    return float(stats["downtime"]) if "downtime" in stats else None
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -50,6 +51,36 @@ BootstrapPassword = Annotated[
         "bootstrap's); ignored after that. Prefer the environment variable to the command line.",
     ),
 ]
+LogFormat = Annotated[
+    str,
+    typer.Option(
+        "--log-format", help="Log lines as json or kv (key=value), on stderr.", show_default=True
+    ),
+]
+LogLevel = Annotated[
+    str, typer.Option("--log-level", help="debug, info, warning, error or critical.")
+]
+MetricsPort = Annotated[
+    int,
+    typer.Option(
+        "--metrics-port", min=0, help="Serve Prometheus metrics on this port (0: not served)."
+    ),
+]
+MetricsHost = Annotated[
+    str, typer.Option("--metrics-host", help="Address the metrics port listens on.")
+]
+
+
+def _configure_logs(fmt: str, level: str, process: str) -> None:
+    from stowage.telemetry import configure_logging
+
+    try:
+        configure_logging(fmt, level.lower(), process=process)
+    except ValueError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
 LockoutDuration = Annotated[
     float,
     typer.Option(
@@ -244,9 +275,29 @@ def up(
             "--virt-type", help="libvirt: kvm or qemu (TCG); default: kvm if a KVM guest runs."
         ),
     ] = None,
+    host_ip: Annotated[
+        str | None,
+        typer.Option(
+            "--host-ip",
+            help="The compute hosts' address, shown by os-hypervisors (Nova's my_ip; "
+            "default: this machine's address on its default route).",
+        ),
+    ] = None,
+    resume_guests_state_on_host_boot: Annotated[
+        bool,
+        typer.Option(
+            "--resume-guests-state-on-host-boot/--no-resume-guests-state-on-host-boot",
+            help="At start, start the guests that were running when the cloud stopped "
+            "(libvirt's daemons stop with it); without, they show SHUTOFF.",
+        ),
+    ] = True,
+    log_format: LogFormat = "kv",
+    log_level: LogLevel = "info",
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import os
+
+    _configure_logs(log_format, log_level, "up")
 
     import uvicorn
 
@@ -283,6 +334,8 @@ def up(
         admin_password=bootstrap_password,
         lease_s=lease_seconds,
         running_deleted_instance_action=running_deleted_instance_action,
+        host_ip=host_ip,
+        resume_guests_state_on_host_boot=resume_guests_state_on_host_boot,
     )
     if topology is not None:
         from stowage.domain.errors import InvalidSpec
@@ -315,7 +368,11 @@ def up(
         "OS_CLOUD=stowage-admin   (or OS_CLOUD=stowage for the member)",
         soft_wrap=True,
     )
-    server = _Server(uvicorn.Config(all_in_one(cloud), host=host, port=port, log_level="warning"))
+    server = _Server(
+        uvicorn.Config(
+            all_in_one(cloud), host=host, port=port, log_level="warning", log_config=None
+        )
+    )
     try:
         server.run()
     finally:
@@ -407,11 +464,17 @@ def api_process(
     lockout_duration: LockoutDuration = 1800.0,
     max_request_body_size: MaxBody = 114688,
     bootstrap_password: BootstrapPassword = "stowage-admin",
+    log_format: LogFormat = "kv",
+    log_level: LogLevel = "info",
 ) -> None:
     """Production: the APIs only (conductor and agents run as their own processes)."""
     import os
 
     import uvicorn
+
+    _configure_logs(log_format, log_level, "api")
+    os.environ["STOWAGE_LOG_FORMAT"] = log_format
+    os.environ["STOWAGE_LOG_LEVEL"] = log_level.lower()
 
     from stowage.services.runtime import write_clouds_yaml
 
@@ -438,6 +501,7 @@ def api_process(
         port=port,
         workers=workers,
         log_level="warning",
+        log_config=None,  # each worker's lines go through configure_logging
     )
 
 
@@ -457,15 +521,27 @@ def conductor_process(
             "of the same name waits until the first ends.",
         ),
     ] = "",
+    log_format: LogFormat = "kv",
+    log_level: LogLevel = "info",
+    metrics_port: MetricsPort = 0,
+    metrics_host: MetricsHost = "127.0.0.1",
 ) -> None:
     """Production: drive operations through the agents (run several for more throughput)."""
     import asyncio
+    import functools
 
     from stowage.agent.processes import conductor_name, run_conductor, run_until_signal
+    from stowage.services.dashboard import heartbeat_ages
+    from stowage.telemetry import serve_metrics
+    from stowage.telemetry.metrics import watch_heartbeats
 
+    _configure_logs(log_format, log_level, "conductor")
     cloud = _production_cloud(
         state_dir, db, op_timeout_s=op_timeout, lease_s=lease_seconds, conductor_name=name
     )
+    watch_heartbeats(functools.partial(heartbeat_ages, cloud))
+    if metrics_port:
+        serve_metrics(metrics_port, metrics_host)
     console.print(f"conductor {conductor_name(cloud)} running")
     asyncio.run(run_until_signal(lambda stop: run_conductor(cloud, bus, stop)))
     cloud.ledger.close()
@@ -497,14 +573,56 @@ def agent_process(
         str | None, typer.Option("--cpu-shared-set", help="libvirt: CPUs for shared vCPUs.")
     ] = None,
     image_api: Annotated[
-        str, typer.Option("--image-api", help="libvirt: the image API images are fetched from.")
+        str,
+        typer.Option(
+            "--image-api", help="The image API: images fetched (libvirt), snapshots sent."
+        ),
     ] = "http://127.0.0.1:8880/image",
+    auth_url: Annotated[
+        str | None,
+        typer.Option(
+            "--auth-url", help="The identity API (default: beside --image-api, /identity)."
+        ),
+    ] = None,
+    auth_user: Annotated[str, typer.Option("--auth-user", help="The agent's user.")] = "admin",
+    auth_project: Annotated[
+        str, typer.Option("--auth-project", help="The agent's project.")
+    ] = "admin",
+    auth_password: Annotated[
+        str,
+        typer.Option(
+            "--auth-password", envvar="STOWAGE_AUTH_PASSWORD", help="The agent user's password."
+        ),
+    ] = "stowage-admin",
+    host_ip: Annotated[
+        str | None,
+        typer.Option(
+            "--host-ip",
+            help="This host's address, shown by os-hypervisors (Nova's my_ip; "
+            "default: this machine's address on its default route).",
+        ),
+    ] = None,
+    log_format: LogFormat = "kv",
+    log_level: LogLevel = "info",
+    metrics_port: MetricsPort = 0,
+    metrics_host: MetricsHost = "127.0.0.1",
 ) -> None:
-    """Production: one host's compute agent (registers the host, heartbeats, runs its work)."""
-    import asyncio
+    """Production: one host's compute agent (registers the host, heartbeats, runs its work).
 
-    from stowage.agent.processes import make_driver, run_agent, run_until_signal
+    It talks to the image API as `--auth-user` (a token from the identity API, as Nova's
+    service user): nothing is shared with the API's host but the ledger and the bus."""
+    import asyncio
+    import functools
+
+    from stowage.agent.metrics import AgentMetrics
+    from stowage.agent.processes import http_image_sink, make_driver, run_agent, run_until_signal
     from stowage.services.cloud import default_hosts
+    from stowage.services.dashboard import heartbeat_ages
+    from stowage.telemetry import serve_metrics
+    from stowage.telemetry.metrics import watch_heartbeats
+    from stowage.virt.images import PasswordToken
+
+    _configure_logs(log_format, log_level, f"agent:{host_name}")
 
     cloud = _production_cloud(
         state_dir,
@@ -526,9 +644,11 @@ def agent_process(
         from dataclasses import replace
 
         spec = replace(spec, name=host_name)
+    identity = auth_url or image_api.rstrip("/").removesuffix("/image") + "/identity"
+    token = PasswordToken(identity, auth_user, auth_password, auth_project)
     if driver == "libvirt":
         the_driver = _libvirt_agent_driver(
-            cloud,
+            token,
             spec if topology is not None else None,
             state_dir.resolve() / "agents" / host_name,
             libvirt_uri,
@@ -545,13 +665,24 @@ def agent_process(
         the_driver = make_driver(
             driver, spec, state_dir.resolve() / "agents" / host_name, libvirt_uri=libvirt_uri
         )
+    metrics = AgentMetrics.create()
+    watch_heartbeats(functools.partial(heartbeat_ages, cloud, [host_name]))
+    if metrics_port:
+        serve_metrics(metrics_port, metrics_host, metrics.registry)
     console.print(f"agent of {host_name} ({driver}) running")
-    asyncio.run(run_until_signal(lambda stop: run_agent(cloud, spec, the_driver, bus, stop)))
+    sink = http_image_sink(image_api, token)
+    asyncio.run(
+        run_until_signal(
+            lambda stop: run_agent(
+                cloud, spec, the_driver, bus, stop, sink, host_ip, metrics=metrics
+            )
+        )
+    )
     cloud.ledger.close()
 
 
 def _libvirt_agent_driver(
-    cloud: Any,
+    token: Callable[[], str],
     spec: Any,
     disk_dir: Path,
     uri: str,
@@ -562,8 +693,7 @@ def _libvirt_agent_driver(
     image_api: str,
 ) -> Any:
     """A production agent's libvirt driver: the host's topology from libvirt (unless the
-    topology file gives it), images over HTTP with the cloud's own admin token."""
-    from stowage.agent.local import service_token
+    topology file gives it), images over HTTP with the agent user's token."""
     from stowage.agent.processes import make_driver
     from stowage.domain.topology import parse_cpu_set
     from stowage.virt.driver import DriverError
@@ -584,7 +714,7 @@ def _libvirt_agent_driver(
             disk_dir,
             libvirt_uri=uri,
             virt_type=virt_type,
-            image_fetcher=HttpImageFetcher(image_api, lambda: service_token(cloud)),
+            image_fetcher=HttpImageFetcher(image_api, token),
             cpu_dedicated_set=cpus(cpu_dedicated_set, "cpu_dedicated_set"),
             cpu_shared_set=cpus(cpu_shared_set, "cpu_shared_set"),
         )
@@ -787,27 +917,163 @@ def host_reconcile(host: str, state_dir: StateDir = Path(".stowage")) -> None:
 
 
 @host_app.command("evacuate")
-def host_evacuate(host: str, state_dir: StateDir = Path(".stowage")) -> None:
-    """Re-plan every instance of a down HOST together; report where each went or why not."""
+def host_evacuate(
+    host: str,
+    state_dir: StateDir = Path(".stowage"),
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds to follow the evacuations.")
+    ] = 240.0,
+) -> None:
+    """Re-plan every instance of a down HOST together; follow each instance's evacuation
+    (status, destination, progress) to its end and report where each went or why not."""
+    import time
+
     import httpx
 
     compute, headers = _admin_session(state_dir)
     response = httpx.post(
-        f"{compute}/os-stowage-hosts/{host}/evacuate?wait=240", headers=headers, timeout=300
+        f"{compute}/os-stowage-hosts/{host}/evacuate", headers=headers, timeout=60
     )
     if response.status_code >= 400:
         fault: dict[str, object] = next(iter(response.json().values()), {})
         message = fault.get("message", response.text)
         err.print(f"[red]{response.status_code}[/red]: {message}")
         raise typer.Exit(1)
+    items: list[dict[str, Any]] = response.json()["evacuations"]
+    headers = {**headers, "OpenStack-API-Version": "compute 2.80"}
+    deadline = time.monotonic() + timeout
+
+    def poll() -> bool:
+        """Refresh each started evacuation from its migration record; True once all ended."""
+        answer = httpx.get(
+            f"{compute}/os-migrations",
+            params={"source_compute": host, "migration_type": "evacuation"},
+            headers=headers,
+            timeout=30,
+        )
+        _fail_on_error(answer)
+        records = {m["uuid"]: m for m in answer.json()["migrations"]}
+        for item in items:
+            record = records.get(item["migration_id"] or "")
+            if record is not None:
+                item["status"] = record["status"]
+                item["host"] = record.get("dest_compute") or item["host"]
+        return all(i["status"] in _EVACUATION_ENDED for i in items)
+
+    if console.is_terminal:
+        from rich.live import Live
+
+        with Live(_evacuation_table(host, items), console=console, refresh_per_second=4) as live:
+            while not poll() and time.monotonic() < deadline:
+                live.update(_evacuation_table(host, items))
+                time.sleep(0.5)
+            live.update(_evacuation_table(host, items))
+    else:
+        seen: dict[str, str] = {}
+        while True:
+            ended = poll()
+            for item in items:
+                if seen.get(item["server_id"]) != item["status"]:
+                    seen[item["server_id"]] = item["status"]
+                    where = f" (destination {item['host']})" if item["host"] else ""
+                    console.print(f"{item['server_id']}: {item['status']}{where}", markup=False)
+            if ended or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+    if _report_evacuations(items, timeout):
+        raise typer.Exit(1)
+
+
+def _report_evacuations(items: list[dict[str, Any]], timeout: float) -> int:
+    """One line per instance: where it went, or why not; returns how many did not move."""
     failed = 0
-    for item in response.json()["evacuations"]:
-        if item["status"] in ("failed", "refused"):
+    for item in items:
+        if item["status"] in ("failed", "refused", "error"):
             failed += 1
             console.print(f"{item['server_id']}: not moved: {item['reason']}", markup=False)
+        elif item["status"] not in _EVACUATION_ENDED:
+            failed += 1
+            console.print(f"{item['server_id']}: still {item['status']} after {timeout:.0f} s")
         else:
             console.print(f"{item['server_id']}: {item['status']} on {item['host']}", markup=False)
-    if failed:
+    return failed
+
+
+_EVACUATION_ENDED = frozenset({"done", "completed", "failed", "refused", "error", "cancelled"})
+
+
+def _evacuation_table(host: str, items: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"Evacuation of {host}")
+    for column in ("server", "migration", "status", "destination", "reason"):
+        table.add_column(column)
+    styles = {"done": "green", "completed": "green", "failed": "red", "refused": "red"}
+    for item in items:
+        table.add_row(
+            Text(item["server_id"]),
+            Text(item["migration_id"] or ""),
+            Text(item["status"], styles.get(item["status"], "yellow")),
+            Text(item["host"] or ""),
+            Text(item["reason"] or ""),
+        )
+    return table
+
+
+@app.command()
+def status(state_dir: StateDir = Path(".stowage")) -> None:
+    """The cloud on one screen: hosts up and down, free pCPUs, operations in flight, and the
+    stuck and failed ones. Exit 1 when a host is down or an operation is stuck."""
+    import httpx
+    from rich.table import Table
+    from rich.text import Text
+
+    compute, headers = _admin_session(state_dir)
+    response = httpx.get(f"{compute}/os-stowage-status", headers=headers, timeout=60)
+    _fail_on_error(response)
+    report = response.json()["status"]
+    hosts = Table(title="Hosts")
+    for column in ("host", "state", "heartbeat", "free pCPUs", "shared load", "instances"):
+        hosts.add_column(column, justify="left" if column in ("host", "state") else "right")
+    for item in report["hosts"]:
+        state = item["state"] + (", disabled" if item["disabled"] else "")
+        age = item["heartbeat_age_s"]
+        hosts.add_row(
+            Text(item["name"]),
+            Text(state, "green" if item["state"] == "up" else "red"),
+            "never" if age is None else f"{age:.0f} s ago",
+            f"{item['pcpus_free']}/{item['pcpus_total']}",
+            f"{item['shared_load']:.2f}",
+            str(item["instances"]),
+        )
+    console.print(hosts)
+    in_flight = report["operations_in_flight"]
+    flying = ", ".join(f"{n} {kind}" for kind, n in in_flight.items()) or "none"
+    console.print(
+        f"hosts: {report['hosts_up']} up, {report['hosts_down']} down · "
+        f"free pCPUs: {report['pcpus_free']} · operations in flight: {flying}",
+        markup=False,
+    )
+    for title, ops in (("Stuck operations", report["stuck"]), ("Failed lately", report["failed"])):
+        if not ops:
+            continue
+        table = Table(title=title)
+        for column in ("operation", "kind", "instance", "host", "step", "attempts", "age", "why"):
+            table.add_column(column)
+        for op in ops:
+            table.add_row(
+                Text(op["id"]),
+                op["kind"],
+                Text(op["instance_id"]),
+                Text(op["host"]),
+                op["step"],
+                str(op["attempts"]),
+                f"{op['age_s']:.0f} s",
+                Text(op["error"]),
+            )
+        console.print(table)
+    if report["hosts_down"] or report["stuck"]:
         raise typer.Exit(1)
 
 

@@ -48,10 +48,12 @@ def rabbit_bus(url: str) -> Any:
 
     @contextlib.asynccontextmanager
     async def run(cloud: Cloud) -> AsyncIterator[None]:
+        from stowage.bus.base import LoopBridge
         from stowage.bus.rabbit import RabbitTransport
 
         rabbit = await RabbitTransport.connect(url)
-        cloud.bus = rabbit
+        # Handlers run off this loop (`run_off_loop`): their calls cross back into it.
+        cloud.bus = LoopBridge(asyncio.get_running_loop(), rabbit)
         try:
             yield None
         finally:
@@ -69,7 +71,13 @@ def all_in_one(cloud: Cloud) -> ASGIApp:
 def production_app() -> ASGIApp:
     """`stowage api`'s app in each worker process: the shared ledger, no local compute."""
     from stowage.services.runtime import open_cloud
+    from stowage.telemetry import configure_logging
 
+    configure_logging(
+        os.environ.get("STOWAGE_LOG_FORMAT", "kv"),
+        os.environ.get("STOWAGE_LOG_LEVEL", "info"),
+        process=f"api:{os.getpid()}",
+    )
     address, port = os.environ["STOWAGE_API_BASE"].rsplit(":", 1)
     config = CloudConfig(
         state_dir=Path(os.environ["STOWAGE_API_STATE_DIR"]),

@@ -168,3 +168,42 @@ def test_a_stopped_destination_leaves_error_then_failed_holding_nothing(
 
     asyncio.run(scenario())
     assert audit(cloud.ledger) == []
+
+
+@pytest.mark.parametrize("kind", ["migration", "resize"])
+def test_a_cold_move_takes_the_instances_disk_to_the_destination(
+    cloud: Cloud, tmp_path: Path, kind: str
+) -> None:
+    """Cold migration and resize move the disk (the guest's data), not a new one from the
+    image: what only this instance's disk holds is on the destination after the confirm."""
+
+    async def scenario() -> None:
+        async with agents(cloud, tmp_path) as (bus, servers):
+            conductor = Conductor(cloud, bus, FAST)
+            task = asyncio.create_task(conductor.run())
+            (vm,) = await asyncio.to_thread(build, cloud, 1, "host1")
+            await until(cloud, lambda: statuses(cloud, [vm]) == ["ACTIVE"])
+            source_disk = tmp_path / "host1" / f"{vm}.img"
+            # What this instance wrote: bytes no other disk holds.
+            data = f"written by {vm}".encode() + source_disk.read_bytes()
+            source_disk.write_bytes(data)
+            bigger = {**PINNED, "id": "p2", "name": "pinned.2", "disk": 2}
+            result = await asyncio.to_thread(
+                migrations.move, cloud, vm, kind, user_id="u", project_id="p", dest="host2",
+                new_flavor=bigger if kind == "resize" else None,
+            )  # fmt: skip
+            await until(cloud, lambda: statuses(cloud, [vm]) == ["VERIFY_RESIZE"])
+            await asyncio.to_thread(migrations.confirm_resize, cloud, vm)
+            await until(cloud, lambda: statuses(cloud, [vm]) == ["ACTIVE"])
+            await until(cloud, lambda: not cloud.operations.active())
+            assert cloud.objects.get("instance", vm).body["host"] == "host2"
+            assert result.migration_id is not None
+            assert (tmp_path / "host2" / f"{vm}.img").read_bytes() == data
+            assert not list((tmp_path / "host1").glob(f"{vm}*"))  # the source's copy is gone
+            calls = [op for op, iid in servers["host1"].driver.calls if iid == vm]
+            assert "export_disk" in calls
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert audit(cloud.ledger) == []

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import Engine, delete, insert, select
 from tests.api.cloudproc import RunningCloud
 
+from stowage.agent.processes import my_ip
 from stowage.ledger.db import make_engine, sqlite_url
 from stowage.ledger.schema import group_members, hosts, objects, server_groups
 
@@ -523,6 +524,9 @@ def test_hypervisors_through_the_cli(cloud: RunningCloud, ledger: Engine) -> Non
     assert shown["id"] == host1.uuid and shown["service_host"] == "host1"
     assert shown["hypervisor_type"] == "sim" and shown["state"] == "up"
     assert shown["users"] == "1" and shown["load_average"]
+    # The hosts' real address (this machine's, for the all-in-one hosts), as Nova's my_ip.
+    for name in ("host1", "host2", "host3"):
+        assert cloud.osc_json("hypervisor", "show", name)["host_ip"] == my_ip() != "127.0.0.1"
     old = cloud.osc_json("--os-compute-api-version", "2.27", "hypervisor", "show", "host1")
     assert old["id"] == host1.id and old["vcpus"] == 32 and old["memory_mb"] == 65536
     assert old["cpu_info"]["topology"]["threads"] == 2

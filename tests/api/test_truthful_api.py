@@ -297,18 +297,18 @@ def test_what_this_cloud_cannot_do_is_refused_not_dropped(cloud: RunningCloud) -
     assert len(names_listed(cloud, "")) == before
 
 
-def test_boot_from_volume_is_refused_until_there_is_block_storage(cloud: RunningCloud) -> None:
+def test_block_device_mappings_it_cannot_honour_are_refused(cloud: RunningCloud) -> None:
     image = image_id(cloud)
     for mapping in (
         {"boot_index": 0, "uuid": str(uuid.uuid4()), "source_type": "volume"},
-        {"boot_index": 0, "uuid": image, "source_type": "image", "destination_type": "volume"},
-        {"source_type": "blank", "destination_type": "volume", "volume_size": 1},
+        {"boot_index": 0, "uuid": str(uuid.uuid4()), "source_type": "snapshot"},
+        {"source_type": "blank", "destination_type": "local", "volume_size": 1},
+        {"source_type": "blank", "destination_type": "volume"},  # no size
     ):
         body = server_body(cloud, block_device_mapping_v2=[mapping])
         del body["server"]["imageRef"]
         response = post_server(cloud, body)
         assert response.status_code == 400, (mapping, response.text)
-        assert "Block Storage" in response.json()["badRequest"]["message"]
     legacy = post_server(
         cloud, server_body(cloud, block_device_mapping=[{"volume_id": str(uuid.uuid4())}])
     )
@@ -553,6 +553,20 @@ def test_a_subnet_cidr_with_host_bits_is_accepted_and_normalized(cloud: RunningC
 # For each create field: a value, and how a server built with it shows it (None: refused).
 CREATE_PROBES: dict[str, tuple[Any, Any]] = {
     "name": ("probe", lambda s: s["name"] == "probe"),
+    "block_device_mapping_v2": (
+        [
+            {
+                "source_type": "blank",
+                "destination_type": "volume",
+                "volume_size": 1,
+                "delete_on_termination": True,
+            }
+        ],
+        lambda s: (
+            [v["delete_on_termination"] for v in s["os-extended-volumes:volumes_attached"]]
+            == [True]
+        ),
+    ),
     "imageRef": (None, lambda s: bool(s["image"]["id"])),  # the body's own
     "flavorRef": ("1", lambda s: s["flavor"]["original_name"] == "m1.tiny"),
     "adminPass": ("s3cret", None),  # checked on the create answer
@@ -581,7 +595,6 @@ CREATE_PROBES: dict[str, tuple[Any, Any]] = {
 CREATE_REFUSED: dict[str, Any] = {
     "personality": [{"path": "/etc/motd", "contents": "aGk="}],
     "block_device_mapping": [{"volume_id": "0b5d2c72-12cc-4ba6-a8d7-3ff5cc1d8cb8"}],
-    "block_device_mapping_v2": [{"source_type": "volume", "uuid": str(uuid.uuid4())}],
     "config_drive": True,
     "trusted_image_certificates": ["0b5d2c72-12cc-4ba6-a8d7-3ff5cc1d8cb8"],
 }

@@ -149,3 +149,34 @@ def test_a_ledger_with_claims_upgrades_from_the_first_schema_intact(engine: Engi
     assert after.used[ResourceClass.MEMORY_MB] == 1024
     assert ledger.release("vm-old") is True
     assert audit(ledger) == []
+
+
+def test_a_ledger_in_use_upgrades_from_0005_to_block_storage(engine: Engine) -> None:
+    """0006 adds storage pools and volume claims beside a ledger with hosts: they hold
+    gigabytes, refuse an overcommit by the pool's CHECK, and audit clean."""
+    from stowage.ledger.storage import (
+        StorageCapacityExceeded,
+        claim_storage,
+        ensure_pool,
+        pool_usage,
+        release_storage,
+    )
+
+    migrate(engine, "0005")
+    ledger = Ledger(engine)
+    ledger.register_host(
+        HostSpec("old-host", HostTopology.uniform(cells=1, cores_per_cell=2, threads_per_core=1))
+    )
+    migrate(engine)
+    assert current(engine) == head(engine)
+    with engine.begin() as conn:
+        ensure_pool(conn, "local", "local-file", 10)
+        claim_storage(conn, "local", "vol-1", "volume", "p", 6)
+    with pytest.raises(StorageCapacityExceeded), engine.begin() as conn:
+        claim_storage(conn, "local", "vol-2", "volume", "p", 5)
+    with engine.begin() as conn:
+        assert [p.used_gb for p in pool_usage(conn)] == [6]
+        assert release_storage(conn, "vol-1") is True
+        assert release_storage(conn, "vol-1") is False
+        assert [p.free_gb for p in pool_usage(conn)] == [10]
+    assert audit(ledger) == []

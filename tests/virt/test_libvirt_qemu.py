@@ -4,11 +4,14 @@ and a live migration that lands on the destination's own pins."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
+import json
 import os
 import re
 import shutil
+import subprocess
 import threading
 import time
 import uuid
@@ -348,3 +351,61 @@ def test_abort_and_force_complete_act_on_the_real_job(world: dict[str, Any]) -> 
         for driver in (h1, h2):
             if iid in driver.running():
                 driver.destroy(iid)
+
+
+def _qemu_io(disk: Path, command: str, *, force_share: bool = False) -> str:
+    argv = [
+        "qemu-io",
+        *(["-r", "-U"] if force_share else []),
+        "-f",
+        "qcow2",
+        "-c",
+        command,
+        str(disk),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and "Pattern verification failed" not in done.stdout, (
+        done.stdout + done.stderr
+    )
+    return done.stdout
+
+
+def test_a_cold_move_takes_the_disk_with_the_guests_data(world: dict[str, Any]) -> None:
+    """A cold migration or resize moves the instance's own disk (its overlay, streamed from
+    the source's libvirt) instead of building a new one from the image: data only this
+    instance wrote is on the destination, on the destination's own cached base, grown to
+    the new flavor's root disk, and the guest boots from it."""
+    h1: LibvirtDriver = world["h1"]
+    h2: LibvirtDriver = world["h2"]
+    image: ImageSpec = world["image"]
+    iid = str(uuid.uuid4())
+    guest = Guest(vcpus=1, memory_mb=128, root_gb=1, image=image, name="cold")
+    h1.spawn(iid, {}, [], 128, guest)
+    h1.power_off(iid)
+    overlay = h1.disk_dir / f"{iid}.qcow2"
+    # 1 MiB of 0x5a at 512 MiB: past the image's 48 MiB, so only the overlay holds it.
+    _qemu_io(overlay, "write -P 0x5a 512M 1M")
+
+    handle = h1.export_disk(iid)
+    assert handle["format"] == "qcow2"
+    resized = Guest(vcpus=1, memory_mb=160, root_gb=2, image=image, name="cold")
+    h2.spawn(iid, {}, [], 160, dataclasses.replace(resized, disk_source=handle))
+    moved = h2.disk_dir / f"{iid}.qcow2"
+    _qemu_io(moved, "read -P 0x5a 512M 1M", force_share=True)
+    info = json.loads(
+        subprocess.run(
+            ["qemu-img", "info", "-U", "--output=json", str(moved)],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+    assert info["virtual-size"] == 2 * 1024**3  # the resize's root disk
+    assert Path(info["full-backing-filename"]).parent == h2.images.directory.resolve()
+    assert not list((h1.disk_dir / "outgoing").glob(f"{iid}*"))  # the staged copy is taken
+    _booted(h2, iid)
+    assert h2.running()[iid]["state"] is InstanceState.RUNNING
+
+    # The source keeps its guest until the move is confirmed (or reverted).
+    assert h1.running()[iid]["state"] is InstanceState.SHUTOFF
+    for driver in (h1, h2):
+        driver.destroy(iid)
+        assert not list(driver.disk_dir.glob(f"{iid}*"))

@@ -14,7 +14,7 @@ from stowage.agent.metrics import AgentMetrics, AgentObserver, observe_agent
 from stowage.agent.reconciler import Reconciler
 from stowage.agent.runtime import AgentConfig
 from stowage.agent.server import AgentServer, ImageUpload
-from stowage.bus.base import Transport
+from stowage.bus.base import LoopBridge, Transport
 from stowage.bus.inproc import InProcTransport
 from stowage.services.caller import SystemCaller
 from stowage.services.cloud import Cloud
@@ -29,6 +29,7 @@ __all__ = [
     "make_reconciler",
     "make_upload_sink",
     "restore_guests",
+    "resume_guests",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,22 +55,6 @@ class _LocalUpload:
         await asyncio.to_thread(self._upload.abort)
 
 
-class _Bridge:
-    """The bus as seen from another event loop (the API's): calls cross into the agents'."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, bus: InProcTransport) -> None:
-        self._loop = loop
-        self._bus = bus
-
-    async def call(
-        self, topic: str, method: str, payload: dict[str, Any], *, op_id: str, timeout_s: float
-    ) -> dict[str, Any]:
-        future = asyncio.run_coroutine_threadsafe(
-            self._bus.call(topic, method, payload, op_id=op_id, timeout_s=timeout_s), self._loop
-        )
-        return await asyncio.wrap_future(future)
-
-
 class LocalCompute:
     """Starts and stops everything `stowage up` runs besides the APIs.
 
@@ -91,7 +76,7 @@ class LocalCompute:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
-    def start_thread(self) -> _Bridge:
+    def start_thread(self) -> LoopBridge:
         """Run `start()` on a new loop in a daemon thread; returns the bus bridge."""
         started = threading.Event()
         failure: list[BaseException] = []
@@ -117,7 +102,7 @@ class LocalCompute:
         if failure:
             raise failure[0]
         assert self._loop is not None
-        return _Bridge(self._loop, self.bus)
+        return LoopBridge(self._loop, self.bus)
 
     def stop_thread(self) -> None:
         if self._loop is not None and self._thread is not None:
@@ -150,6 +135,7 @@ class LocalCompute:
             self.agents[name] = server
             self._observers.append(observe_agent(self.metrics, name, server.agent))
             self.reconcilers[name] = make_reconciler(cloud, name, server, self.metrics)
+        await asyncio.to_thread(_record_host_ips, cloud, names)
         # The ledger is the truth and the simulated hypervisors start empty: before any
         # operation resumes, each runs again what the ledger places on it.
         await self._restore_hypervisors()
@@ -186,6 +172,10 @@ class LocalCompute:
     async def _restore_hypervisors(self) -> None:
         for host, server in self.agents.items():
             await asyncio.to_thread(restore_guests, self.cloud, host, server.driver)
+            if self.cloud.config.resume_guests_state_on_host_boot:
+                resumed = await asyncio.to_thread(resume_guests, self.cloud, host, server.driver)
+                if resumed:
+                    log.info("%s: started %d guest(s) that ran before", host, len(resumed))
 
     async def _power_sync(self, host: str, wake: asyncio.Event) -> None:
         """Lifecycle events (a guest stopped, crashed, vanished) and a periodic check bring
@@ -210,6 +200,16 @@ class LocalCompute:
             for observer in self._observers:
                 observer.observe()
             await asyncio.sleep(5.0)
+
+
+def _record_host_ips(cloud: Cloud, names: list[str]) -> None:
+    """Every all-in-one host runs on this machine: its address is this machine's."""
+    from stowage.agent.processes import my_ip
+    from stowage.services.compute_catalog import record_host_ip
+
+    address = cloud.config.host_ip or my_ip()
+    for name in names:
+        record_host_ip(cloud, name, address)
 
 
 def _waker(loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> Callable[[str, str], None]:
@@ -344,8 +344,11 @@ def _host_names(cloud: Cloud) -> list[str]:
     return sorted(instance_hosts(cloud).values())
 
 
-def agent_server(cloud: Cloud, host: str, driver: Driver, bus: Transport) -> AgentServer:
-    """A host's agent on the bus, heartbeating into the ledger, snapshots into the images."""
+def agent_server(
+    cloud: Cloud, host: str, driver: Driver, bus: Transport, image_sink: Any = None
+) -> AgentServer:
+    """A host's agent on the bus, heartbeating into the ledger, snapshots into the images
+    (this process's image store, unless `image_sink` sends them elsewhere)."""
 
     def beat() -> None:
         cloud.ledger.heartbeat([host])
@@ -359,8 +362,33 @@ def agent_server(cloud: Cloud, host: str, driver: Driver, bus: Transport) -> Age
             heartbeat_interval_s=cloud.config.heartbeat_interval_s,
             max_concurrent_disk_ops=cloud.config.max_concurrent_disk_ops,
         ),
-        image_sink=make_upload_sink(cloud),
+        image_sink=image_sink or make_upload_sink(cloud),
     )
+
+
+def resume_guests(cloud: Cloud, host: str, driver: Driver) -> list[str]:
+    """Nova's `resume_guests_state_on_host_boot`: the host's hypervisor came back with its
+    guests defined but shut off (it stopped with the host); start those whose server was
+    running (vm_state active), so the server's state and the guest's agree again. Returns
+    the instances started; one that cannot start is logged and left (the power sync then
+    shows it SHUTOFF)."""
+    from stowage.virt.driver import InstanceState
+
+    resumed = []
+    for instance_id, seen in driver.running().items():
+        doc = cloud.objects.find("instance", instance_id)
+        if seen["state"] is not InstanceState.SHUTOFF or doc is None:
+            continue
+        body = doc.body
+        if body.get("host") != host or body.get("vm_state") != "active":
+            continue
+        try:
+            driver.power_on(instance_id)
+        except Exception as exc:  # one guest that cannot start never stops the others
+            log.warning("could not resume %s on %s: %s", instance_id, host, exc)
+            continue
+        resumed.append(instance_id)
+    return resumed
 
 
 def restore_guests(cloud: Cloud, host: str, driver: Driver) -> list[str]:

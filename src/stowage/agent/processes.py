@@ -20,7 +20,14 @@ from stowage.services.cloud import Cloud
 from stowage.services.conductor import Conductor, conductor_config
 from stowage.virt.driver import Driver
 
-__all__ = ["conductor_name", "run_agent", "run_conductor", "run_until_signal"]
+__all__ = [
+    "conductor_name",
+    "http_image_sink",
+    "my_ip",
+    "run_agent",
+    "run_conductor",
+    "run_until_signal",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +97,28 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
         await task
 
 
+def my_ip() -> str:
+    """This machine's address on its default route, as Nova's `my_ip` defaults: the source
+    address the kernel picks for an outside destination (no packet is sent); 127.0.0.1
+    when there is no route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: routed like the Internet, never used
+            return str(probe.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+def http_image_sink(image_api: str, token: Callable[[], str]) -> Any:
+    """Snapshots streamed to the image API over HTTP: no state shared with the API."""
+    from stowage.virt.images import HttpImageUpload
+
+    async def sink(image_id: str, _context: dict[str, Any]) -> HttpImageUpload:
+        return HttpImageUpload(image_api, image_id, token)
+
+    return sink
+
+
 def make_driver(
     kind: str,
     spec: HostSpec | None,
@@ -118,20 +147,28 @@ async def run_agent(
     driver: Driver,
     bus_url: str,
     stop: asyncio.Event,
+    image_sink: Any = None,
+    host_ip: str | None = None,
+    *,
+    metrics: AgentMetrics | None = None,
 ) -> None:
-    """Register the host, then heartbeat and serve its operations until `stop`."""
+    """Register the host, then heartbeat and serve its operations until `stop`; snapshots
+    go to `image_sink` (the image API over HTTP, in production), its metrics into `metrics`,
+    which the process may serve."""
     from stowage.agent.local import agent_server, make_reconciler, restore_guests
+    from stowage.services.compute_catalog import record_host_ip
     from stowage.virt.sim import SimDriver
 
     await asyncio.to_thread(cloud.ledger.register_host, spec)
+    await asyncio.to_thread(record_host_ip, cloud, spec.name, host_ip or my_ip())
     if isinstance(driver, SimDriver):
         # A simulated hypervisor forgets its guests with its process (libvirt keeps them):
         # before serving, it runs again what the ledger places here.
         restored = await asyncio.to_thread(restore_guests, cloud, spec.name, driver)
         log.info("agent of %s restored %d guest(s) from the ledger", spec.name, len(restored))
     bus = await _connect(bus_url)
-    metrics = AgentMetrics.create()
-    server = agent_server(cloud, spec.name, driver, bus)
+    metrics = metrics or AgentMetrics.create()
+    server = agent_server(cloud, spec.name, driver, bus, image_sink)
     await server.serve()
     reconciler = make_reconciler(cloud, spec.name, server, metrics)
     task: asyncio.Task[Any] = asyncio.create_task(reconciler.run_forever(60.0))

@@ -270,6 +270,15 @@ class Agent:
                     await self._in_pool(self._disk_pool, close)
             return sent
 
+    async def export_disk(self, instance_id: str) -> dict[str, Any]:
+        """The source's part of a cold move: the disk staged for the destination, in a disk
+        slot (it copies the whole disk)."""
+        slots = self._disk_slots
+        if slots is None:
+            raise RuntimeError("agent not started")
+        async with slots:
+            return await self._in_pool(self._disk_pool, self.driver.export_disk, instance_id)
+
     async def _submit(
         self, op_id: str, operation: str, instance_id: str, call: Callable[[], None]
     ) -> OpResult:

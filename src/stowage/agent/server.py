@@ -49,12 +49,15 @@ _GUEST_METHODS = frozenset(
         "suspend",
         "resume",
         "prepare_migration",
+        "export_disk",
         "live_migrate",
         "migration_progress",
         "finish_migration",
         "abort_migration",
         "force_complete_migration",
         "rollback_migration",
+        "attach_volume",
+        "detach_volume",
     }
 )
 
@@ -271,6 +274,8 @@ class AgentServer:
                 guest = Guest.from_payload(payload)
                 handle = await agent.in_driver_pool(driver.prepare_migration, instance_id, guest)
                 return {"ok": True, "handle": handle}
+            if method == "export_disk":
+                return {"ok": True, "handle": await agent.export_disk(instance_id)}
         except DriverError as exc:
             return {"ok": False, "code": exc.code, "error": exc.message}
         if method == "live_migrate":
@@ -292,6 +297,15 @@ class AgentServer:
                     lambda: driver.migrate(instance_id, target, record),
                 )
             )
+        if method in ("attach_volume", "detach_volume"):
+            device = str(payload["device"])
+            connection = dict(payload.get("connection") or {})
+            volume_call = (
+                (lambda: driver.attach_volume(instance_id, device, connection))
+                if method == "attach_volume"
+                else (lambda: driver.detach_volume(instance_id, device))
+            )
+            return await self._result(await agent.call(op_id, method, instance_id, volume_call))
         call = getattr(driver, method)
         return await self._result(
             await agent.call(op_id, method, instance_id, lambda: call(instance_id))
@@ -318,7 +332,10 @@ class AgentServer:
             await upload.abort()
             code = getattr(exc, "code", "agent.snapshot.failed")
             return {"ok": False, "code": code, "error": str(exc)}
-        await upload.commit()
+        try:
+            await upload.commit()
+        except DriverError as exc:  # the image service refused the data (an HTTP upload)
+            return {"ok": False, "code": exc.code, "error": exc.message}
         return {"ok": True, "bytes": sent}
 
     # -- simulation controls -----------------------------------------------------------

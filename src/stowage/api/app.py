@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -30,16 +30,32 @@ from stowage.api.common import (
     www_authenticate,
 )
 from stowage.api.compute import create_compute_app
+from stowage.api.dashboard import create_dashboard_app
 from stowage.api.identity import create_identity_app
 from stowage.api.image import create_image_app
 from stowage.api.limits import DEFAULT_MAX_BODY, BodyLimit
+from stowage.api.metadata import create_ec2_metadata_app, create_openstack_metadata_app
 from stowage.api.network import create_network_app
+from stowage.api.observed import Observed
 from stowage.api.placement import create_placement_app
+from stowage.api.volume import create_volume_app
 from stowage.services.cloud import Cloud
+from stowage.services.dashboard import heartbeat_ages
+from stowage.telemetry import REGISTRY
+from stowage.telemetry.metrics import watch_heartbeats
 
 __all__ = ["create_app"]
 
-PREFIXES = ("/identity", "/compute", "/image", "/networking", "/placement")
+PREFIXES = (
+    "/identity",
+    "/compute",
+    "/image",
+    "/networking",
+    "/placement",
+    "/volume",
+    "/openstack",
+    "/latest",
+)
 
 
 class _BarePrefix:
@@ -73,6 +89,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
             await asyncio.to_thread(cloud.ledger.prune_changes)
             await asyncio.sleep(60.0)
 
+    watch_heartbeats(functools.partial(heartbeat_ages, cloud))
     task = asyncio.create_task(prune())
     watchdog = _api_watchdog(app)
     lag_task = asyncio.create_task(watchdog.run())
@@ -129,7 +146,7 @@ async def _metrics(request: Request) -> Response:
         rid = f"req-{uuid.uuid4()}"
         headers["x-openstack-request-id"] = rid
         return JSONResponse(identity_error(status, message, None, rid), status, headers=headers)
-    parts = []
+    parts = [render(REGISTRY)]
     registry = getattr(request.app.state, "api_registry", None)
     if registry is not None:
         parts.append(render(registry))
@@ -158,6 +175,7 @@ _STYLES: dict[str, ErrorStyle] = {
     "image": image_error,
     "networking": network_error,
     "placement": placement_error,
+    "volume": compute_error,
 }
 
 
@@ -183,6 +201,10 @@ def create_app(cloud: Cloud, *, runtime: Runtime | None = None) -> ASGIApp:
         "/image": create_image_app(cloud),
         "/networking": create_network_app(cloud),
         "/placement": create_placement_app(cloud),
+        "/volume": create_volume_app(cloud),
+        # The metadata service, for the instance a metadata proxy names (api/metadata).
+        "/openstack": create_openstack_metadata_app(cloud),
+        "/latest": create_ec2_metadata_app(cloud),
     }
     for service in services.values():
         run_off_loop(service)
@@ -190,16 +212,23 @@ def create_app(cloud: Cloud, *, runtime: Runtime | None = None) -> ASGIApp:
         lifespan=_lifespan,
         exception_handlers={HTTPException: _unrouted},
         middleware=[
-            Middleware(BodyLimit, limit=functools.partial(_body_limit, cloud), render=_limit_error)
+            Middleware(Observed),
+            Middleware(BodyLimit, limit=functools.partial(_body_limit, cloud), render=_limit_error),
         ],
         routes=[
             Route("/metrics", _metrics),
             *(Mount(prefix, app=service) for prefix, service in services.items()),
+            Route("/dashboard", _to_dashboard),
+            Mount("/dashboard", app=create_dashboard_app(cloud, services["/identity"])),
         ],
     )
     app.state.cloud = cloud
     app.state.runtime = runtime
     return _BarePrefix(app)
+
+
+async def _to_dashboard(request: Request) -> Response:
+    return RedirectResponse("/dashboard/", status_code=307)
 
 
 def _body_limit(cloud: Cloud | None) -> int:

@@ -23,6 +23,8 @@ __all__ = ["DEFAULT_MAX_BODY", "BodyLimit"]
 
 DEFAULT_MAX_BODY = 114688  # bytes, Nova's and Keystone's default
 _UNLIMITED = re.compile(r"^/image/v2/images/[^/]+/(file|stage)/?$")
+# The dashboard's pages post HTML forms; its handlers read them (and check their CSRF token).
+_FORMS = re.compile(r"^/dashboard(/|$)")
 
 Render = Callable[[str, int, str, str], dict[str, Any]]
 
@@ -36,6 +38,11 @@ def _json_media(raw: bytes) -> bool:
     text/plain, which Nova reads as JSON too."""
     media = raw.decode("latin-1").split(";", 1)[0].strip().lower()
     return media in ("", "text/plain") or "json" in media.rsplit("/", 1)[-1]
+
+
+def _form_media(path: str, raw: bytes) -> bool:
+    media = raw.decode("latin-1").split(";", 1)[0].strip().lower()
+    return media == "application/x-www-form-urlencoded" and bool(_FORMS.match(path))
 
 
 class BodyLimit:
@@ -72,7 +79,8 @@ class BodyLimit:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
-        if total and not _json_media(headers.get(b"content-type", b"")):
+        media = headers.get(b"content-type", b"")
+        if total and not (_json_media(media) or _form_media(scope["path"], media)):
             status = 400 if scope["path"].startswith("/identity") else 415
             refusal = "Unsupported Content-Type: a request body must be application/json."
             await self._refuse(scope, send, status, refusal)

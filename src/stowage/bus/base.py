@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
+
+from stowage.telemetry import bind, current_request_id, logger
 
 __all__ = [
     "OP_IDS_MAX",
@@ -15,6 +18,7 @@ __all__ = [
     "BusTimeout",
     "Calls",
     "Handler",
+    "LoopBridge",
     "RemoteError",
     "ReplyCache",
     "Transport",
@@ -23,6 +27,7 @@ __all__ = [
     "failure_envelope",
     "success_envelope",
     "unwrap",
+    "with_request_id",
 ]
 
 Payload = dict[str, Any]
@@ -30,6 +35,7 @@ Handler = Callable[[str, Payload, str], Awaitable[Payload]]
 """A server's handler: ``(method, payload, op_id) -> reply``."""
 
 log = logging.getLogger(__name__)
+served = logger("stowage.bus.served")
 
 OP_IDS_MAX = 10_000
 """How many op ids (and their replies) a server remembers for deduplication."""
@@ -64,6 +70,32 @@ class Calls(Protocol):
     ) -> Payload: ...
 
 
+class LoopBridge:
+    """Calls on a bus that lives on one event loop, made from any loop or thread.
+
+    A bus's connection and futures belong to the loop that opened it (aio-pika's do); API
+    handlers run off that loop, each worker thread on a loop of its own, so their calls
+    cross into the bus's loop and wait there.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, bus: Calls) -> None:
+        self._loop = loop
+        self._bus = bus
+
+    async def call(
+        self, topic: str, method: str, payload: Payload, *, op_id: str, timeout_s: float
+    ) -> Payload:
+        coro = self._bus.call(topic, method, payload, op_id=op_id, timeout_s=timeout_s)
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            return await coro
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return await asyncio.wrap_future(future)
+
+
 class Transport(Protocol):
     """What services and agents need from a message bus."""
 
@@ -84,6 +116,15 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Stop serving and release connections; pending calls fail with BusClosed."""
         ...
+
+
+def with_request_id(payload: Payload) -> Payload:
+    """A copy of `payload` carrying the request id bound to the sender's work (if any and
+    if the payload names none), so the receiver's log lines carry it too."""
+    rid = current_request_id()
+    if rid is None or payload.get("request_id"):
+        return dict(payload)
+    return {**payload, "request_id": rid}
 
 
 def success_envelope(result: Payload) -> Payload:
@@ -121,7 +162,20 @@ class ReplyCache:
         return len(self._replies)
 
     async def handle(self, method: str, payload: Payload, op_id: str) -> Payload:
-        """The reply envelope for ``op_id``; the handler runs only for a new op id."""
+        """The reply envelope for ``op_id``; the handler runs only for a new op id, with the
+        sender's request id (carried in the payload) bound to every line it logs."""
+        with bind(request_id=payload.get("request_id"), op_id=op_id):
+            started = time.perf_counter()
+            envelope = await self._handle(method, payload, op_id)
+            served.info(
+                "bus call handled",
+                method=method,
+                ok=bool(envelope.get("ok")),
+                duration_ms=round((time.perf_counter() - started) * 1000, 1),
+            )
+            return envelope
+
+    async def _handle(self, method: str, payload: Payload, op_id: str) -> Payload:
         reply = self._replies.get(op_id)
         if reply is not None:
             self.repeats_n += 1

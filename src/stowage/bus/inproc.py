@@ -14,6 +14,7 @@ from stowage.bus.base import (
     Handler,
     ReplyCache,
     unwrap,
+    with_request_id,
 )
 
 __all__ = ["InProcTransport"]
@@ -48,7 +49,7 @@ class InProcTransport:
         reply: asyncio.Future[Payload] = asyncio.get_running_loop().create_future()
         self._pending.add(reply)
         try:
-            self._queue(topic).put_nowait(_Message(method, dict(payload), op_id, reply))
+            self._queue(topic).put_nowait(_Message(method, with_request_id(payload), op_id, reply))
             try:
                 envelope = await asyncio.wait_for(asyncio.shield(reply), timeout_s)
             except TimeoutError:
@@ -59,7 +60,7 @@ class InProcTransport:
 
     async def cast(self, topic: str, method: str, payload: Payload, *, op_id: str) -> None:
         self._check_open()
-        self._queue(topic).put_nowait(_Message(method, dict(payload), op_id))
+        self._queue(topic).put_nowait(_Message(method, with_request_id(payload), op_id))
 
     async def serve(self, topic: str, handler: Handler) -> None:
         self._check_open()

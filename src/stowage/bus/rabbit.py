@@ -28,6 +28,7 @@ from stowage.bus.base import (
     Handler,
     ReplyCache,
     unwrap,
+    with_request_id,
 )
 
 __all__ = ["RabbitTransport"]
@@ -288,7 +289,7 @@ class RabbitTransport:
 
 
 def _encode(method: str, payload: Payload) -> bytes:
-    return json.dumps({"method": method, "payload": payload}).encode()
+    return json.dumps({"method": method, "payload": with_request_id(payload)}).encode()
 
 
 def _decode(body: bytes) -> tuple[str, Payload]:

@@ -23,6 +23,8 @@ from stowage.ledger.schema import (
     pcpus,
     pins,
     server_groups,
+    storage_pools,
+    volume_claims,
 )
 
 __all__ = ["Violation", "audit"]
@@ -47,6 +49,7 @@ def audit(ledger: Ledger) -> list[Violation]:
         found += _cells(conn, names)
         found += _orphans(conn)
         found += _groups(conn, names)
+        found += _storage(conn)
     return found
 
 
@@ -246,4 +249,35 @@ def _groups(conn: Connection, names: dict[int, str]) -> list[Violation]:
                             f"at most {group.max_per_domain} allowed",
                         )
                     )
+    return out
+
+
+def _storage(conn: Connection) -> list[Violation]:
+    """Each storage pool's usage equals its volume and snapshot claims, within capacity."""
+    out = []
+    sums = {
+        pool_id: int(total)
+        for pool_id, total in conn.execute(
+            select(volume_claims.c.pool_id, func.sum(volume_claims.c.gigabytes)).group_by(
+                volume_claims.c.pool_id
+            )
+        )
+    }
+    for row in conn.execute(select(storage_pools)):
+        claimed = sums.get(row.id, 0)
+        if row.used_gb != claimed:
+            out.append(
+                Violation(
+                    "storage.mismatch",
+                    f"pool {row.name}: usage {row.used_gb} GB, claims add up to {claimed} GB",
+                )
+            )
+        limit = (row.total_gb - row.reserved_gb) * row.allocation_ratio
+        if claimed > limit:
+            out.append(
+                Violation(
+                    "storage.over_capacity",
+                    f"pool {row.name}: claims {claimed} GB exceed capacity {limit:g} GB",
+                )
+            )
     return out

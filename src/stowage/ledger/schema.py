@@ -35,6 +35,8 @@ __all__ = [
     "pcpus",
     "pins",
     "server_groups",
+    "storage_pools",
+    "volume_claims",
 ]
 
 metadata = MetaData(
@@ -275,4 +277,37 @@ operations = Table(
     ),
     Index("ix_operations_state_next", "state", "next_at"),
     Index("ix_operations_instance", "instance_id"),
+)
+
+# Block storage: a pool of a volume backend (a local-file directory, later LVM or RBD) with
+# its capacity in GiB, and one claim per volume or snapshot that takes gigabytes from it. As
+# the hosts' inventories: usage moves by a guarded `used_gb = used_gb + n`, and the CHECK
+# refuses an overcommit whoever writes it.
+storage_pools = Table(
+    "storage_pools",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(255), nullable=False, unique=True),
+    Column("backend", String(32), nullable=False),  # local-file
+    Column("total_gb", Integer, nullable=False),
+    Column("reserved_gb", Integer, nullable=False, default=0),
+    Column("allocation_ratio", Float, nullable=False, default=1.0),
+    Column("used_gb", Integer, nullable=False, default=0),
+    CheckConstraint(
+        "used_gb >= 0 AND used_gb <= (total_gb - reserved_gb) * allocation_ratio",
+        name="ck_storage_pools_capacity",
+    ),
+)
+
+volume_claims = Table(
+    "volume_claims",
+    metadata,
+    Column("consumer_id", String(36), primary_key=True),  # the volume's or snapshot's id
+    Column("kind", String(16), nullable=False),
+    Column("pool_id", Integer, ForeignKey("storage_pools.id"), nullable=False),
+    Column("project_id", String(64), nullable=False),
+    Column("gigabytes", Integer, nullable=False),
+    CheckConstraint("gigabytes > 0", name="ck_volume_claims_gigabytes"),
+    CheckConstraint("kind IN ('volume', 'snapshot')", name="ck_volume_claims_kind"),
+    Index("ix_volume_claims_pool_id", "pool_id"),
 )

@@ -76,6 +76,14 @@ class CloudConfig:
     driver: str = "sim"  # the all-in-one cloud's hypervisors: sim, or libvirt (real QEMU)
     virt_type: str | None = None  # libvirt's domain type: kvm, qemu, or None (detected)
     libvirt_uris: dict[str, str] = field(default_factory=dict)  # host name -> libvirt URI
+    host_ip: str | None = None  # the all-in-one hosts' address (Nova's my_ip); None: detected
+    # Start, when the cloud starts, the guests that ran when it stopped (Nova's option of
+    # that name): `stowage up` stops its libvirt daemons, and their guests, with it.
+    resume_guests_state_on_host_boot: bool = True
+    # Block storage: the local-file backend's directory (None: `<state_dir>/volumes`; a path on
+    # shared storage lets every host reach the same files) and its pool's capacity in GiB.
+    volume_dir: Path | None = None
+    volume_pool_gb: int = 1000
 
     @property
     def base_url(self) -> str:
@@ -111,13 +119,21 @@ class Cloud:
         raise NotFound(f"Could not find {kind}: {name}.")
 
     def roles_of(self, user_id: str, project_id: str) -> tuple[str, ...]:
-        names = []
-        for doc in self.objects.list("assignment", project_id=project_id):
-            if doc.body.get("user_id") == user_id:
-                role = self.objects.find("role", doc.body["role_id"])
-                if role is not None:
-                    names.append(role.name or "")
         from stowage.services.identity import IMPLIED_ROLES
+        from stowage.services.identity_groups import group_role_ids
+
+        role_ids = [
+            doc.body["role_id"]
+            for doc in self.objects.list("assignment", project_id=project_id)
+            if doc.body.get("user_id") == user_id
+        ]
+        # The roles of the user's groups on the project count as its own (Keystone's).
+        role_ids += group_role_ids(self, user_id, project_id)
+        names = []
+        for role_id in dict.fromkeys(role_ids):
+            role = self.objects.find("role", role_id)
+            if role is not None:
+                names.append(role.name or "")
 
         # Implied roles, followed to the end: admin implies manager, member and reader.
         out = set(names)
@@ -128,35 +144,6 @@ class Cloud:
                     out.add(implied)
                     pending.append(implied)
         return tuple(sorted(out))
-
-    def catalog(self) -> list[dict[str, object]]:
-        base = self.config.base_url
-        region = self.config.region
-        entries = [
-            ("identity", "keystone", f"{base}/identity"),
-            ("compute", "nova", f"{base}/compute/v2.1"),
-            ("image", "glance", f"{base}/image"),
-            ("network", "neutron", f"{base}/networking"),
-            ("placement", "placement", f"{base}/placement"),
-        ]
-        return [
-            {
-                "type": kind,
-                "name": name,
-                "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-service:{kind}")),
-                "endpoints": [
-                    {
-                        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-ep:{kind}:{iface}")),
-                        "interface": iface,
-                        "region": region,
-                        "region_id": region,
-                        "url": url,
-                    }
-                    for iface in ("public", "internal", "admin")
-                ],
-            }
-            for kind, name, url in entries
-        ]
 
 
 def _token_key(state_dir: Path) -> bytes:

@@ -21,6 +21,8 @@ from stowage.scheduling.framework import Request
 from stowage.services import networks, quotas
 from stowage.services.cloud import Cloud
 from stowage.services.instances import write_instance
+from stowage.services.volumes import server_volumes
+from stowage.services.volumes import volumes as volume_service
 
 __all__ = [
     "BuildRequest",
@@ -109,6 +111,8 @@ class BuildRequest:
     access_ipv4: str = ""
     access_ipv6: str = ""
     disk_config: str = "MANUAL"
+    # block_device_mapping_v2's volume mappings (server_volumes.parse_block_devices).
+    block_devices: list[dict[str, Any]] = field(default_factory=list)
 
 
 def record_action(
@@ -214,6 +218,16 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
         )
         for index in range(count):
             body = _new_instance(build, reservation, index, count)
+            if build.block_devices:
+                # The instance's volumes (made, or reserved) commit with it: quota, storage
+                # claim and attachment; the conductor's spawn drives the new ones first.
+                devices = server_volumes.prepare_block_devices(
+                    cloud, conn, _BuildCaller(build), body["id"], build.block_devices
+                )
+                body["block_devices"] = devices
+                if server_volumes.boots_from_volume(devices):
+                    body["boot_from_volume"] = True
+                    body["image_id"] = ""
             cloud.objects.create_in(
                 conn, "instance", body["id"], body, project_id=build.project_id, name=body["name"]
             )
@@ -240,6 +254,25 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
         )
     cloud.kick()
     return docs
+
+
+@dataclass(frozen=True, slots=True)
+class _BuildCaller:
+    """The build's requester, as the volume use cases see a caller."""
+
+    build: BuildRequest
+
+    @property
+    def project_id(self) -> str:
+        return self.build.project_id
+
+    @property
+    def user_id(self) -> str:
+        return self.build.user_id
+
+    @property
+    def is_admin(self) -> bool:
+        return self.build.is_admin
 
 
 def _new_instance(build: BuildRequest, reservation: str, index: int, count: int) -> dict[str, Any]:
@@ -325,7 +358,10 @@ def _waiting_requests(cloud: Cloud, op: Operation) -> list[Request]:
             Request(
                 consumer_id=instance_id,
                 instance_id=instance_id,
-                shape=shape_of_flavor(flavor),
+                # Booted from a volume, the root disk is the volume's, not the host's.
+                shape=shape_of_flavor(
+                    {**flavor, "disk": 0} if body.get("boot_from_volume") else flavor
+                ),
                 project_id=body["project_id"],
                 user_id=body["user_id"],
                 group_id=body.get("group_id"),
@@ -576,9 +612,12 @@ def _delete_once(cloud: Cloud, instance_id: str) -> bool:
             ops.enqueue("delete", instance_id, host, step="destroy", conn=conn)
         return True
 
+    doomed: list[str] = []
+
     def gone(conn: Connection) -> None:
         if not cloud.objects.swap_in(conn, "instance", instance_id, doc.body, doc.body):
             raise _Changed
+        doomed.extend(server_volumes.release_server_volumes(cloud, conn, doc.body))
         cloud.objects.delete_in(conn, "instance", instance_id)
         overtake(conn)
         if host and host not in {m.dest for m in moves}:
@@ -591,6 +630,8 @@ def _delete_once(cloud: Cloud, instance_id: str) -> bool:
         cloud.ledger.release(instance_id, also=gone)
     except _Changed:
         return False
+    for volume_id in doomed:
+        volume_service.drive(cloud, "volume", volume_id)
     return True
 
 

@@ -254,6 +254,7 @@ class HostView:
     disabled_reason: str | None
     inventories: Mapping[str, Inventory] = field(default_factory=dict)
     instance_ids: tuple[str, ...] = ()
+    host_ip: str | None = None  # what the host's agent reported (Nova's my_ip)
 
     @property
     def service_id(self) -> int:
@@ -325,6 +326,10 @@ def read_hosts(cloud: Cloud, names: Iterable[str] | None = None) -> list[HostVie
         doc.id: doc.body.get("disabled_reason")
         for doc in cloud.objects.list("service_state", ids=[r.uuid for r in rows])
     }
+    addresses = {
+        doc.id: doc.body.get("host_ip")
+        for doc in cloud.objects.list("compute_node", ids=[r.name for r in rows])
+    }
     out = []
     for row in rows:
         alive = row.last_seen is not None and now - row.last_seen <= down_after
@@ -344,9 +349,16 @@ def read_hosts(cloud: Cloud, names: Iterable[str] | None = None) -> list[HostVie
                 disabled_reason=reasons.get(_service_doc_id(row.uuid)),
                 inventories=inv.get(row.id, {}),
                 instance_ids=tuple(placed.get(row.id, ())),
+                host_ip=addresses.get(row.name),
             )
         )
     return out
+
+
+def record_host_ip(cloud: Cloud, host: str, host_ip: str) -> None:
+    """The address a host's agent runs at (the ledger's hosts have no column for it, so it
+    lives in a document beside the host, as Nova's compute node keeps `host_ip`)."""
+    cloud.objects.put("compute_node", host, {"host_ip": host_ip})
 
 
 def set_disabled_reason(cloud: Cloud, host: HostView, reason: str | None) -> None:

@@ -55,10 +55,15 @@ from stowage.services.cloud import Cloud
 from stowage.services.guest_spec import guest_payload
 from stowage.services.instances import write_instance
 from stowage.services.migrations import REQUESTS, settled_status
+from stowage.services.volumes import server_volumes
+from stowage.services.volumes import volumes as volume_service
+from stowage.telemetry import bind, logger
+from stowage.telemetry.metrics import OPERATION_SECONDS, OPERATION_STEP_SECONDS
 
 __all__ = ["Conductor", "ConductorConfig", "claim_of", "conductor_config"]
 
 log = logging.getLogger(__name__)
+steps = logger("stowage.services.conductor.steps")
 
 Reply = dict[str, Any]
 
@@ -72,6 +77,7 @@ POWER_METHODS = {
     "resume": "resume",
 }
 MOVE_KINDS = ("live-migration", "evacuation", "migration", "resize")
+COLD_MOVES = ("migration", "resize")  # the destination takes the source's disk
 _AFTER_POWER = {
     "os-stop": ("SHUTOFF", "stopped", 4),
     "os-start": ("ACTIVE", "active", 1),
@@ -275,11 +281,17 @@ class Conductor:
     # -- one operation -----------------------------------------------------------------
 
     async def _drive(self, op: Operation) -> None:
+        # Every line of this operation's work, here and (over the bus) in the agents, carries
+        # the request id of the API request that started it.
+        with bind(request_id=op.payload.get("request_id"), op_id=op.id, op_kind=op.kind):
+            await self._drive_bound(op)
+
+    async def _drive_bound(self, op: Operation) -> None:
         try:
             current: Operation | None = op
             while current is not None and not current.finished:
                 try:
-                    await self._step(current)
+                    await self._timed_step(current)
                 except _Wait as why:
                     await asyncio.to_thread(self._retry_later, current, str(why), why.failed)
                     return
@@ -288,6 +300,10 @@ class Conductor:
                     await asyncio.to_thread(self._give_up, current, str(exc))
                     return
                 current = await asyncio.to_thread(self.ops.find, current.id)
+            if current is not None and current.finished:
+                age_s = max(0.0, self.cloud.clock() - current.created_at)
+                OPERATION_SECONDS.labels(current.kind, current.state).observe(age_s)
+                steps.info("operation ended", state=current.state, age_s=round(age_s, 3))
         except OperationEnded as exc:
             # Another writer (a delete) ended it meanwhile: nothing of this step committed.
             log.info("operation %s (%s) ended elsewhere: %s", op.id, op.kind, exc)
@@ -339,7 +355,11 @@ class Conductor:
                 compute_topic(op.host),
                 method,
                 # `issued_at`: the agent's fence against a call the bus delivers late.
-                {"instance_id": op.instance_id, "issued_at": self.cloud.clock(), **payload},
+                {
+                    "instance_id": op.instance_id,
+                    "issued_at": self.cloud.clock(),
+                    **payload,
+                },
                 op_id=op.call_id + suffix,
                 timeout_s=self.config.call_timeout_s,
             )
@@ -356,6 +376,22 @@ class Conductor:
     async def _step(self, op: Operation) -> None:
         handler = getattr(self, "_step_" + op.step)
         await handler(op)
+
+    async def _timed_step(self, op: Operation) -> None:
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            await self._step(op)
+            outcome = "done"
+        except _Wait:
+            outcome = "wait"
+            raise
+        finally:
+            elapsed_s = time.perf_counter() - started
+            OPERATION_STEP_SECONDS.labels(op.kind, op.step).observe(elapsed_s)
+            steps.info(
+                "step", step=op.step, outcome=outcome, duration_ms=round(elapsed_s * 1000, 1)
+            )
 
     # -- steps ---------------------------------------------------------------------------
 
@@ -429,9 +465,53 @@ class Conductor:
         claim = await asyncio.to_thread(claim_of, self.cloud, op.instance_id)
         if claim is None:
             raise NotFound(f"instance {op.instance_id} holds no claim")
+        # The instance's volumes first (a boot volume made from its image, ...), then the
+        # guest, then each volume given to it: as Nova's build, one failure fails the build.
+        devices, why = await asyncio.to_thread(
+            server_volumes.spawn_volumes, self.cloud, op.instance_id
+        )
+        if why is not None:
+            await asyncio.to_thread(self._spawned, op, {"ok": False, "error": why})
+            return
         guest = await asyncio.to_thread(guest_payload, self.cloud, op.instance_id)
         reply = await self._call(op, "spawn", {**guest, **claim})
+        for device in devices if reply.get("ok") else []:
+            reply = await self._call(
+                op,
+                "attach_volume",
+                {"device": device["device"], "connection": device["connection"]},
+                suffix=":" + device["volume_id"],
+            )
+            if not reply.get("ok"):
+                break
         await asyncio.to_thread(self._spawned, op, reply)
+
+    async def _step_attach_volume(self, op: Operation) -> None:
+        payload = {"device": op.payload["device"], "connection": op.payload["connection"]}
+        reply = await self._call(op, "attach_volume", payload)
+        await asyncio.to_thread(self._volume_answered, op, reply, server_volumes.attach_answered)
+
+    async def _step_detach_volume(self, op: Operation) -> None:
+        reply = await self._call(op, "detach_volume", {"device": op.payload["device"]})
+        await asyncio.to_thread(self._volume_answered, op, reply, server_volumes.detached)
+
+    def _volume_answered(self, op: Operation, reply: Reply, then: Any) -> None:
+        """The host's answer to an attach or detach, with the volume's and the instance's
+        documents in one commit."""
+        ok = bool(reply.get("ok"))
+        with self.cloud.ledger.engine.begin() as conn:
+            then(self.cloud, conn, op.instance_id, op.payload, ok)
+            self.ops.advance(conn, op.id, state="done" if ok else "failed", result=reply)
+        action = "attach_volume" if op.step == "attach_volume" else "detach_volume"
+        body = self.cloud.objects.find("instance", op.instance_id)
+        if body is not None:
+            _event(
+                self.cloud,
+                dataclasses.replace(op, kind=action),
+                body.body,
+                "Success" if ok else "Error",
+                None if ok else reply.get("error"),
+            )
 
     def _spawned(self, op: Operation, reply: Reply) -> None:
         cloud = self.cloud
@@ -452,6 +532,7 @@ class Conductor:
                 body["fault"] = None
             with cloud.ledger.engine.begin() as conn:
                 write_instance(cloud, op.instance_id, before, body, conn=conn)
+                server_volumes.attached_ended(cloud, conn, op.instance_id, True)
                 self.ops.advance(conn, op.id, state="done", result=reply)
             _event(cloud, op, body, "Success", None)
             return
@@ -495,7 +576,14 @@ class Conductor:
         if op.kind == "delete":
             from stowage.services import networks
 
+            doomed: list[str] = []
+
             def gone(conn: Connection) -> None:
+                found = cloud.objects.find_in(conn, "instance", op.instance_id)
+                if found is not None:
+                    # Its volumes are let go (and those to delete on termination marked so)
+                    # in the commit that forgets it.
+                    doomed.extend(server_volumes.release_server_volumes(cloud, conn, found.body))
                 cloud.objects.delete_in(conn, "instance", op.instance_id)
                 self.ops.advance(conn, op.id, state="done", result=reply)
 
@@ -503,6 +591,8 @@ class Conductor:
             # (the ports are gone, the rest is repeatable), never a port of no server.
             networks.release_ports(cloud, op.instance_id)
             cloud.ledger.release(op.instance_id, also=gone)
+            for volume_id in doomed:
+                volume_service.drive(cloud, "volume", volume_id)
         elif op.kind == "rebuild":
             self.ops.update(op.id, step="spawn")
         elif op.migration_id is not None:
@@ -595,8 +685,21 @@ class Conductor:
             **claim,
         }
         # A live migration's destination only makes room (the disk on its cached image): the
-        # guest itself arrives with its memory. Every other move builds it there.
+        # guest itself arrives with its memory. Every other move builds it there: a cold
+        # migration or a resize on the source's disk, moved (its data kept, as in Nova); an
+        # evacuation (the source is down) from the image.
         live = op.kind == "live-migration"
+        if op.kind in COLD_MOVES:
+            at_source = dataclasses.replace(op, host=str(record["source_compute"]))
+            try:
+                exported = await self._call(at_source, "export_disk", {}, suffix=":export")
+            except _Wait as why:
+                exported = {"ok": False, "error": f"no answer: {why}"}
+            if not exported.get("ok"):
+                reason = f"the source could not hand over the disk: {exported.get('error')}"
+                await asyncio.to_thread(self._to_abort, op, "failed", reason)
+                return
+            guest["disk_source"] = dict(exported.get("handle") or {})
         try:
             reply = await self._call(op, "prepare_migration" if live else "spawn", guest)
         except _Wait as why:

@@ -32,7 +32,7 @@ IMPLIED_ROLES: dict[str, tuple[str, ...]] = {
 # keystone-manage bootstrap makes its roles immutable; ours are the same set.
 BOOTSTRAP_ROLES = frozenset({"admin", "manager", "member", "reader"})
 
-NAME_MAX = {"domain": 64, "project": 64, "user": 255, "role": 255}
+NAME_MAX = {"domain": 64, "project": 64, "user": 255, "role": 255, "group": 64}
 TAGS_MAX = 80
 TAG_MAX_CHARS = 255
 PROJECT_DEPTH_MAX = 5  # keystone's [resource] max_project_tree_depth

@@ -233,7 +233,7 @@ def _request_of(cloud: Cloud, record: dict[str, Any], migration_id: str) -> Requ
     return Request(
         consumer_id=migration_id,
         instance_id=record["instance_uuid"],
-        shape=shape_of_flavor(flavor),
+        shape=shape_of_flavor({**flavor, "disk": 0} if body.get("boot_from_volume") else flavor),
         kind=ConsumerKind.MIGRATION,
         project_id=body["project_id"],
         user_id=body["user_id"],

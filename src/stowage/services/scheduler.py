@@ -13,6 +13,7 @@ from stowage.ledger.ledger import CommitClaim, Ledger
 from stowage.scheduling.framework import Request
 from stowage.scheduling.pipeline import Decision, Pipeline
 from stowage.scheduling.view import View
+from stowage.telemetry.metrics import CLAIM_BATCH, SCHEDULER_CONFLICTS, SCHEDULER_DECISIONS
 
 __all__ = ["Placement", "Scheduler"]
 
@@ -85,6 +86,19 @@ class Scheduler:
         min_count: int | None = None,
         also: CommitClaim | None = None,
     ) -> list[Placement]:
+        """Place requests together as one plan (see `_schedule`), counted in the metrics."""
+        placements = self._schedule(requests, min_count=min_count, also=also)
+        for placement in placements:
+            SCHEDULER_DECISIONS.labels("placed" if placement.ok else "no_valid_host").inc()
+        return placements
+
+    def _schedule(
+        self,
+        requests: Sequence[Request],
+        *,
+        min_count: int | None = None,
+        also: CommitClaim | None = None,
+    ) -> list[Placement]:
         """Place requests together as one plan.
 
         With `min_count`, fewer placed means none are: the placed ones commit in one
@@ -131,6 +145,7 @@ class Scheduler:
                     )
                     continue
                 self.conflicts += 1
+                SCHEDULER_CONFLICTS.inc()
                 stale_hosts.add(outcome.host_id)
                 if attempt == self.retries_max:
                     results[index] = Placement(
@@ -156,10 +171,13 @@ class Scheduler:
         self, claims: list[Claim], also: CommitClaim | None, *, atomic: bool
     ) -> list[ClaimOutcome]:
         if atomic:  # one transaction for the whole set, whatever its size
+            if claims:
+                CLAIM_BATCH.observe(len(claims))
             return self.ledger.claim(claims, writer=self.writer, also=also, atomic=True)
         out: list[ClaimOutcome] = []
         for start in range(0, len(claims), self.batch_max):
             batch = claims[start : start + self.batch_max]
+            CLAIM_BATCH.observe(len(batch))
             out.extend(self.ledger.claim(batch, writer=self.writer, also=also))
         return out
 

@@ -83,6 +83,9 @@ class Guest:
     nics: tuple[Nic, ...] = ()
     user_data: str | None = None
     name: str = ""
+    # A cold migration's or resize's destination takes the disk the source's `export_disk`
+    # answered (the guest's data), instead of a new one from the image.
+    disk_source: Mapping[str, Any] | None = None
 
     @classmethod
     def of_claim(cls, pins: Mapping[int, int], cells: list[int], memory_mb: int) -> Guest:
@@ -110,6 +113,7 @@ class Guest:
             ],
             "user_data": self.user_data,
             "name": self.name,
+            "disk_source": None if self.disk_source is None else dict(self.disk_source),
         }
 
     @classmethod
@@ -136,6 +140,7 @@ class Guest:
             ),
             user_data=payload.get("user_data"),
             name=str(payload.get("name") or ""),
+            disk_source=dict(payload["disk_source"]) if payload.get("disk_source") else None,
         )
 
 
@@ -199,6 +204,7 @@ def guest_for(pins: dict[int, int], cells: list[int], memory_mb: int, guest: Gue
         nics=guest.nics,
         user_data=guest.user_data,
         name=guest.name,
+        disk_source=guest.disk_source,
     )
 
 
@@ -243,6 +249,15 @@ class Driver(Protocol):
         """Stop the instance, undefine it and delete its disk."""
         ...
 
+    def attach_volume(self, instance_id: str, device: str, connection: dict[str, Any]) -> None:
+        """Give the guest the volume `connection` describes (os-brick's connection info) as
+        `device`; idempotent for the same device and volume."""
+        ...
+
+    def detach_volume(self, instance_id: str, device: str) -> None:
+        """Take the volume at `device` away from the guest; a device it lacks is no error."""
+        ...
+
     def reboot(self, instance_id: str) -> None:
         """Stop and start the instance."""
         ...
@@ -271,6 +286,14 @@ class Driver(Protocol):
 
     def console_output(self, instance_id: str, length: int | None = None) -> str:
         """The guest's serial console so far; its last `length` lines if given."""
+        ...
+
+    def export_disk(self, instance_id: str) -> dict[str, Any]:
+        """On the source of a cold migration or resize: a consistent copy of the instance's
+        disk, staged for the destination to take; the answer (JSON-safe) is what the
+        destination's `spawn` needs in `Guest.disk_source` to build the guest on that disk,
+        keeping its data. The staged copy goes with the destination's taking it, or with
+        `destroy` here."""
         ...
 
     def pause(self, instance_id: str) -> None:

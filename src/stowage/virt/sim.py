@@ -56,6 +56,12 @@ class FaultKind(StrEnum):
     CRASH = "crash"  # raise DriverCrashed: the outcome is unknown
 
 
+# Instance -> when its source paused it for the switch-over (monotonic), for the downtime
+# the destination reports: the simulated hosts of one cloud share this process.
+_SWITCHOVER_AT: dict[str, float] = {}
+_SWITCHOVER_LOCK = threading.Lock()
+
+
 @dataclass
 class SimConfig:
     """Latencies in seconds; `step_latency_s` keys are "op.step" or a bare "step"."""
@@ -82,6 +88,7 @@ class _Instance:
     guest: Guest | None = None
     console: list[str] = field(default_factory=list)
     migrating: bool = False
+    volumes: dict[str, Path] = field(default_factory=dict)  # device -> the volume's file
 
 
 class SimDriver:
@@ -181,8 +188,20 @@ class SimDriver:
                 raise DriverError(f"instance {instance_id} already exists", code="virt.exists")
         disk = self.disk_dir / f"{instance_id}.img"
         self._step("spawn", "create_disk")
-        with self._lock:
-            data = self._rng.randbytes(self.config.disk_bytes)
+        source = (guest.disk_source or {}).get("path")
+        if source:
+            # A cold migration's or resize's destination: the source's disk, moved.
+            staged = Path(str(source))
+            try:
+                data = staged.read_bytes()
+            except FileNotFoundError:
+                raise DriverError(
+                    f"the moved disk {staged} is gone", code="virt.sim.no_moved_disk"
+                ) from None
+            staged.unlink(missing_ok=True)
+        else:
+            with self._lock:
+                data = self._rng.randbytes(self.config.disk_bytes)
         disk.write_bytes(data)
         self._step("spawn", "define")
         with self._lock:
@@ -192,6 +211,32 @@ class SimDriver:
         self._step("spawn", "start")
         self._set_state(instance_id, InstanceState.RUNNING)
         self._boot_console(instance_id)
+
+    def attach_volume(self, instance_id: str, device: str, connection: dict[str, Any]) -> None:
+        """A simulated guest's volume is a real file: it must exist and be readable here."""
+        self._record("attach_volume", instance_id)
+        if connection.get("driver_volume_type") != "local":
+            raise DriverError(
+                f"volume type {connection.get('driver_volume_type')!r} cannot be attached here",
+                code="virt.volume.unsupported",
+            )
+        path = Path(str((connection.get("data") or {}).get("device_path") or ""))
+        try:
+            with path.open("rb") as disk:
+                disk.read(512)
+        except OSError as exc:
+            raise DriverError(
+                f"volume file {path} cannot be opened: {exc}", code="virt.volume.open"
+            ) from None
+        inst = self._get(instance_id)
+        with self._lock:
+            inst.volumes[device] = path
+
+    def detach_volume(self, instance_id: str, device: str) -> None:
+        self._record("detach_volume", instance_id)
+        inst = self._get(instance_id)
+        with self._lock:
+            inst.volumes.pop(device, None)
 
     def destroy(self, instance_id: str) -> None:
         self._record("destroy", instance_id)
@@ -203,6 +248,7 @@ class SimDriver:
             self._instances.pop(instance_id, None)
         self._step("destroy", "delete_disk")
         inst.disk.unlink(missing_ok=True)
+        inst.disk.with_suffix(".outgoing").unlink(missing_ok=True)
 
     def reboot(self, instance_id: str) -> None:
         self._record("reboot", instance_id)
@@ -245,6 +291,14 @@ class SimDriver:
         self._step("read_disk", "open")
         # A generator would defer the checks above to the first next(); return one instead.
         return self._chunks(disk, chunk_bytes)
+
+    def export_disk(self, instance_id: str) -> dict[str, Any]:
+        """A copy of the disk beside it (the simulated hosts share this machine)."""
+        self._record("export_disk", instance_id)
+        disk = self._get(instance_id).disk
+        staged = disk.with_suffix(".outgoing")
+        shutil.copyfile(disk, staged)
+        return {"path": str(staged)}
 
     def console_output(self, instance_id: str, length: int | None = None) -> str:
         with self._lock:
@@ -322,6 +376,10 @@ class SimDriver:
             self._step("migrate", "transfer")
             if progress is not None:
                 progress(MigrationProgress(total, total, 0))
+            # The guest pauses here and runs again when the destination takes it: that
+            # window is the migration's downtime (the destination's console reports it).
+            with _SWITCHOVER_LOCK:
+                _SWITCHOVER_AT[instance_id] = time.monotonic()
             self._step("migrate", "switch")
         finally:
             with self._lock:
@@ -341,10 +399,15 @@ class SimDriver:
         self._record("finish_migration", instance_id)
         inst = self._get(instance_id)
         self._step("finish_migration", "start")
+        with _SWITCHOVER_LOCK:
+            paused_at = _SWITCHOVER_AT.pop(instance_id, None)
+        arrived = f"sim: {instance_id} arrived"
+        if paused_at is not None:  # the source ran in this process (the all-in-one cloud)
+            arrived += f" after a {(time.monotonic() - paused_at) * 1000:.1f} ms pause"
         with self._lock:
             inst.migrating = False
             inst.state = InstanceState.RUNNING
-            inst.console.append(f"sim: {instance_id} arrived")
+            inst.console.append(arrived)
 
     def abort_migration(self, instance_id: str) -> None:
         if self.migration_progress(instance_id) is None:

@@ -13,6 +13,7 @@ from stowage.api.compute import (
     aggregates,
     availability_zones,
     capacity,
+    cloud_status,
     flavors,
     host_evacuate,
     hypervisors,
@@ -29,6 +30,8 @@ from stowage.api.compute import (
     server_metadata,
     servers,
     sim,
+    unsupported,
+    volume_attachments,
 )
 from stowage.api.compute.microversion import MAX_VERSION, MIN_VERSION, install_microversions
 from stowage.services.cloud import Cloud
@@ -54,7 +57,10 @@ _ROUTERS = (
     instance_actions,
     host_evacuate,
     capacity,
+    cloud_status,
     sim,
+    unsupported,
+    volume_attachments,
 )
 
 

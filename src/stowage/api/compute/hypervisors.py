@@ -25,8 +25,9 @@ _NO_STATS = (2, 88)
 
 
 def _host_ip(host: HostView) -> str:
-    # Simulated hosts have no address of their own; TEST-NET-1 keeps them apart.
-    return f"192.0.2.{host.id % 254 + 1}"
+    # What the host's agent reported; a host registered without one (a fixture's) gets a
+    # TEST-NET-1 address.
+    return host.host_ip or f"192.0.2.{host.id % 254 + 1}"
 
 
 def _ident(request: Request, host: HostView) -> int | str:

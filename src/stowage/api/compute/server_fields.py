@@ -202,23 +202,24 @@ def check_refused(server: dict[str, Any], *, rebuild: bool = False) -> None:
         raise ApiError(400, "Invalid input for field/attribute preserve_ephemeral: not supported")
 
 
-def check_block_devices(server: dict[str, Any]) -> None:
-    """Until block storage exists, the only mapping that can be honoured is image -> local."""
+def check_block_devices(server: dict[str, Any]) -> list[dict[str, Any]]:
+    """block_device_mapping_v2's volume mappings (image, volume, snapshot or blank to a
+    volume); the legacy block_device_mapping (v1) is refused."""
+    from stowage.services.volumes import InvalidVolume
+    from stowage.services.volumes.server_volumes import parse_block_devices
+
     if server.get("block_device_mapping"):
         raise ApiError(
             400,
-            "Block Storage is not available: block_device_mapping (volumes) cannot be honoured",
+            "block_device_mapping (v1) is not supported by this cloud: use block_device_mapping_v2",
         )
-    for mapping in server.get("block_device_mapping_v2") or []:
-        source = mapping.get("source_type")
-        dest = mapping.get("destination_type") or "local"
-        if source != "image" or dest != "local":
-            raise ApiError(
-                400,
-                "Block Storage is not available: only block_device_mapping_v2 entries with "
-                f"source_type=image and destination_type=local can be honoured (got "
-                f"{source} -> {dest})",
-            )
+    try:
+        devices = parse_block_devices(server.get("block_device_mapping_v2") or [])
+    except InvalidVolume as exc:
+        raise ApiError(400, exc.message) from None
+    if int(server.get("max_count", 1) or 1) > 1 and any(d["source"] == "volume" for d in devices):
+        raise ApiError(400, "Unable to launch multiple instances with a single configured volume.")
+    return [dict(d) for d in devices]
 
 
 def requested_host(ctx: Context, server: dict[str, Any]) -> str | None:
@@ -419,8 +420,8 @@ def create_extras(server: dict[str, Any], version: Version) -> dict[str, Any]:
     """The create fields beside the scheduling ones, checked (or refused), as BuildRequest
     keywords: user data, hostname, access addresses and disk config."""
     check_refused(server)
-    check_block_devices(server)
     return {
+        "block_devices": check_block_devices(server),
         "user_data": check_user_data(server.get("user_data")),
         "hostname": check_hostname(server["hostname"], version) if "hostname" in server else None,
         "access_ipv4": server.get("accessIPv4") or "",

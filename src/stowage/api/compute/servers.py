@@ -61,6 +61,7 @@ from stowage.services.compute_catalog import visible_flavor
 from stowage.services.images import properties_of
 from stowage.services.instances import write_instance
 from stowage.services.migrations import confirm_resize, move, revert_resize
+from stowage.services.server_security_groups import security_group_names
 
 router = APIRouter()
 
@@ -146,7 +147,13 @@ def server_view(
         "OS-EXT-STS:task_state": body.get("task_state"),
         "OS-EXT-STS:vm_state": body["vm_state"],
         "OS-EXT-STS:power_state": body["power_state"],
-        "os-extended-volumes:volumes_attached": [],
+        "os-extended-volumes:volumes_attached": [
+            {"id": d["volume_id"], "delete_on_termination": bool(d.get("delete_on_termination"))}
+            if version >= (2, 3)
+            else {"id": d["volume_id"]}
+            for d in body.get("block_devices") or []
+            if not d.get("attaching")
+        ],
     }
     omit_unset(view)
     if ctx.is_admin:
@@ -295,8 +302,7 @@ def _parse_create(request: Request, cloud: Cloud, ctx: Context, body: Any) -> Bu
         metadata=check_metadata(server.get("metadata") or {}),
         key_name=server.get("key_name"),
         description=server.get("description"),
-        security_groups=[g.get("name", "default") for g in server.get("security_groups") or []]
-        or ["default"],
+        security_groups=security_group_names(cloud, ctx, server.get("security_groups")),
         hints=dict(hints),
         image_properties=image_properties,
         tags=list(server.get("tags") or []),
@@ -599,6 +605,10 @@ async def server_action(request: Request, server_id: str) -> Response:
         return await _rebuild(request, ctx, doc, args)
     if action in EXTRA_ACTIONS:
         return await extra_action(request, ctx, doc, action, args)
+    from stowage.api.compute.unsupported import UNSUPPORTED_ACTIONS, refuse_action
+
+    if action in UNSUPPORTED_ACTIONS or action == "forceDelete":
+        refuse_action(doc, action, mv(request))
     raise ApiError(400, f"There is no such action: {action}")
 
 

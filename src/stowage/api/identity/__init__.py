@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import identity_error, install_common, www_authenticate
-from stowage.api.identity import grants, resources, tokens
+from stowage.api.identity import app_credentials, catalog, grants, groups, resources, tokens
 from stowage.api.identity.views import iso
 from stowage.services.cloud import Cloud
 from stowage.services.identity import Forbidden, Unauthorized
@@ -68,4 +68,7 @@ def create_identity_app(cloud: Cloud) -> FastAPI:
     app.include_router(tokens.router)
     app.include_router(resources.router)
     app.include_router(grants.router)
+    app.include_router(catalog.router)
+    app.include_router(app_credentials.router)
+    app.include_router(groups.router)
     return app

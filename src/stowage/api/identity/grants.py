@@ -22,6 +22,7 @@ from stowage.api.identity.views import (
 from stowage.ledger.objects import Document
 from stowage.services.cloud import DEFAULT_DOMAIN
 from stowage.services.identity import IMPLIED_ROLES, Grant, IdentityDirectory
+from stowage.services.identity_groups import GroupDirectory, GroupGrant
 
 __all__ = ["router"]
 
@@ -149,34 +150,72 @@ async def list_role_assignments(request: Request) -> JSONResponse:
             400, "Combining effective and group filter will always result in an empty list."
         )
     directory = who.directory
-    if (
-        params.get("group.id")
-        or params.get("scope.system")
-        or params.get("scope.OS-INHERIT:inherited_to")
-    ):
-        grants: list[Grant] = []  # no groups, system grants or inherited grants here
-    else:
-        grants = directory.grants(user_id=user_id or None, domain_id=domain_id or None)
-        if project_id:
-            projects = {project_id}
-            if include_subtree:
-                projects |= {p.id for p in directory.subtree(directory.project(project_id))}
-            grants = [g for g in grants if g.project_id in projects]
-        elif domain_id:
-            grants = [g for g in grants if g.domain_id == domain_id]
+    groups = GroupDirectory(directory.cloud)
+    grants, group_grants, via = _collect(
+        request, directory, groups, user_id, project_id, domain_id, include_subtree, effective
+    )
     if not who.is_admin:
         grants = [g for g in grants if g.user_id == who.ctx.user_id]
+        group_grants = []
     pairs = directory.effective(grants) if effective else ((g, None) for g in grants)
     if role_id:
         pairs = ((g, prior) for g, prior in pairs if g.role_id == role_id)
+        group_grants = [g for g in group_grants if g.role_id == role_id]
     names = _Names(who) if include_names else None
     base = base_of(request)
-    rows = [_assignment(base, g, prior, names) for g, prior in pairs]
+    rows = [_assignment(base, g, prior, names, via) for g, prior in pairs]
+    rows += [_group_assignment(base, g, names, groups) for g in group_grants]
     query = str(request.url.query)
     self_url = f"{base}/role_assignments" + (f"?{query}" if query else "")
     return JSONResponse(
         {"role_assignments": rows, "links": {"self": self_url, "previous": None, "next": None}}
     )
+
+
+def _collect(
+    request: Request,
+    directory: IdentityDirectory,
+    groups: GroupDirectory,
+    user_id: str | None,
+    project_id: str | None,
+    domain_id: str | None,
+    include_subtree: bool,
+    effective: bool,
+) -> tuple[list[Grant], list[GroupGrant], dict[str, str]]:
+    """The users' and groups' grants a role assignment list is about; effective, a group's
+    grant becomes one per member, and `via` maps its id to the group."""
+    params = request.query_params
+    group_id = params.get("group.id")
+    grants: list[Grant] = []
+    group_grants: list[GroupGrant] = []
+    via: dict[str, str] = {}  # the id of a group's grant -> the group, for effective rows
+    if params.get("scope.system") or params.get("scope.OS-INHERIT:inherited_to"):
+        pass  # no system grants or inherited grants here
+    else:
+        if not group_id:
+            grants = directory.grants(user_id=user_id or None, domain_id=domain_id or None)
+        if not user_id or effective:
+            group_grants = groups.group_grants(
+                group_id=group_id or None, domain_id=domain_id or None
+            )
+        if project_id:
+            projects = {project_id}
+            if include_subtree:
+                projects |= {p.id for p in directory.subtree(directory.project(project_id))}
+            grants = [g for g in grants if g.project_id in projects]
+            group_grants = [g for g in group_grants if g.project_id in projects]
+        elif domain_id:
+            grants = [g for g in grants if g.domain_id == domain_id]
+            group_grants = [g for g in group_grants if g.domain_id == domain_id]
+        if effective:
+            # Effective: a group's grant is one per member (Keystone's membership links).
+            for gg in group_grants:
+                via[gg.id] = gg.group_id
+                for member in groups.member_ids(gg.group_id):
+                    if not user_id or member == user_id:
+                        grants.append(Grant(gg.id, member, gg.role_id, gg.project_id, gg.domain_id))
+            group_grants = []
+    return grants, group_grants, via
 
 
 class _Names:
@@ -216,17 +255,52 @@ class _Names:
         return out
 
 
-def _assignment(
-    base: str, grant: Grant, prior: Grant | None, names: _Names | None
-) -> dict[str, Any]:
-    origin = prior or grant
+def _target(grant: Grant | GroupGrant, names: _Names | None) -> tuple[str, dict[str, Any]]:
     if grant.project_id is not None:
         target = f"projects/{grant.project_id}"
         scope = {"project": names.project(grant.project_id) if names else {"id": grant.project_id}}
     else:
         target = f"domains/{grant.domain_id}"
         scope = {"domain": names.domain(grant.domain_id) if names else {"id": grant.domain_id}}
-    links = {"assignment": f"{base}/{target}/users/{origin.user_id}/roles/{origin.role_id}"}
+    return target, scope
+
+
+def _group_assignment(
+    base: str, grant: GroupGrant, names: _Names | None, groups: GroupDirectory
+) -> dict[str, Any]:
+    target, scope = _target(grant, names)
+    group: dict[str, Any] = {"id": grant.group_id}
+    if names is not None:
+        doc = groups.objects.find("group", grant.group_id)
+        group.update(
+            name=doc.name if doc is not None else "",
+            domain=names.domain(str(doc.body.get("domain_id")) if doc is not None else None),
+        )
+    return {
+        "role": names.role(grant.role_id) if names else {"id": grant.role_id},
+        "group": group,
+        "scope": scope,
+        "links": {"assignment": f"{base}/{target}/groups/{grant.group_id}/roles/{grant.role_id}"},
+    }
+
+
+def _assignment(
+    base: str,
+    grant: Grant,
+    prior: Grant | None,
+    names: _Names | None,
+    via: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    origin = prior or grant
+    target, scope = _target(grant, names)
+    group_id = (via or {}).get(origin.id)
+    if group_id is not None:
+        links = {
+            "assignment": f"{base}/{target}/groups/{group_id}/roles/{origin.role_id}",
+            "membership": f"{base}/groups/{group_id}/users/{origin.user_id}",
+        }
+    else:
+        links = {"assignment": f"{base}/{target}/users/{origin.user_id}/roles/{origin.role_id}"}
     if prior is not None:
         links["prior_role"] = f"{base}/roles/{prior.role_id}"
     return {

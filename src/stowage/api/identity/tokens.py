@@ -13,6 +13,8 @@ from stowage.api.common import ApiError, Context, json_body
 from stowage.api.identity.views import iso
 from stowage.domain.errors import NotFound
 from stowage.ledger.objects import Document
+from stowage.services import app_credentials
+from stowage.services.catalog import catalog_of
 from stowage.services.cloud import DEFAULT_DOMAIN, Cloud
 from stowage.services.identity import IdentityDirectory, Unauthorized
 
@@ -122,10 +124,28 @@ def token_body(
                 "domain": _domain_ref(cloud, project_domain),
             },
             "roles": [{"id": role_ids.get(r, r), "name": r} for r in sorted(ctx.roles)],
-            "catalog": cloud.catalog(),
+            "catalog": catalog_of(cloud, ctx.project_id),
             "is_domain": False,
+            **_credential_part(cloud, ctx, methods),
         }
     }
+
+
+def _credential_part(cloud: Cloud, ctx: Context, methods: list[str]) -> dict[str, Any]:
+    """Keystone's `application_credential` of a token issued from one."""
+    if app_credentials.METHOD not in methods:
+        return {}
+    cred = app_credentials.credential_of_token(cloud, ctx.audit_id)
+    if cred is None:
+        return {}
+    part: dict[str, Any] = {
+        "id": cred.id,
+        "name": cred.body["name"],
+        "restricted": not cred.body.get("unrestricted", False),
+    }
+    if cred.body.get("access_rules"):
+        part["access_rules"] = cred.body["access_rules"]
+    return {"application_credential": part}
 
 
 @router.post("/v3/auth/tokens")
@@ -154,6 +174,8 @@ async def issue_token(request: Request) -> JSONResponse:
         user = cloud.objects.get("user", context_from_token(cloud, str(token_id)).user_id)
         # A rescoped token expires with its parent and carries its audit chain (Keystone's).
         parent = cloud.tokens.validate(str(token_id))
+    elif app_credentials.METHOD in methods:
+        return await _issue_for_credential(cloud, identity.get(app_credentials.METHOD), scope)
     else:
         raise ApiError(401, f"Unsupported authentication methods: {methods}")
     try:
@@ -169,6 +191,33 @@ async def issue_token(request: Request) -> JSONResponse:
         user.id, project.id, roles, methods=tuple(methods), parent=parent
     )
     directory.record_token(payload.audit_id, user.id, project.id, payload.expires_at)
+    ctx = context_from_token(cloud, token)
+    return JSONResponse(
+        token_body(cloud, ctx, payload.issued_at, methods, payload.audit_ids),
+        status_code=201,
+        headers={"X-Subject-Token": token},
+    )
+
+
+async def _issue_for_credential(cloud: Cloud, ref: Any, scope: Any) -> JSONResponse:
+    """A token from an application credential: its project, its roles, never another scope."""
+    directory = IdentityDirectory(cloud)
+    if scope:
+        raise ApiError(401, "Application credentials cannot request a scope.")
+    try:
+        # The secret is hashed like a password: off the event loop.
+        cred = await asyncio.to_thread(app_credentials.authenticate, cloud, ref)
+        user = cloud.objects.get("user", str(cred.body["user_id"]))
+        directory.check_user_may_log_in(user)
+        project = directory.project(str(cred.body["project_id"]))
+        directory.check_project_usable(project)
+        roles = app_credentials.token_roles(cloud, cred)
+    except (Unauthorized, NotFound) as exc:
+        raise ApiError(401, exc.message) from None
+    methods = [app_credentials.METHOD]
+    token, payload = cloud.tokens.issue(user.id, project.id, roles, methods=tuple(methods))
+    directory.record_token(payload.audit_id, user.id, project.id, payload.expires_at)
+    app_credentials.record_token(cloud, payload.audit_id, cred, payload.expires_at)
     ctx = context_from_token(cloud, token)
     return JSONResponse(
         token_body(cloud, ctx, payload.issued_at, methods, payload.audit_ids),
@@ -212,9 +261,3 @@ async def revoke_token(request: Request) -> Response:
     subject = _subject(request, "identity:revoke_token")
     IdentityDirectory(cloud).revoke_token(subject.audit_id, subject.expires_at)
     return Response(status_code=204)
-
-
-@router.get("/v3/auth/catalog")
-async def catalog(request: Request) -> JSONResponse:
-    require_context(request)
-    return JSONResponse({"catalog": cloud_of(request).catalog()})

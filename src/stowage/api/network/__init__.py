@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import install_common, network_error
-from stowage.api.network import resources
+from stowage.api.network import quotas, resources
 from stowage.services.cloud import Cloud
 
 __all__ = ["create_network_app"]
@@ -37,4 +37,5 @@ def create_network_app(cloud: Cloud) -> FastAPI:
     install_common(app, network_error)
     app.include_router(discovery)
     app.include_router(resources.router, prefix="/v2.0")
+    app.include_router(quotas.router, prefix="/v2.0")
     return app

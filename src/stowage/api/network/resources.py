@@ -22,7 +22,7 @@ from stowage.api.common import ApiError, Context, json_body
 from stowage.services import networks as svc
 from stowage.services.cloud import Cloud
 
-__all__ = ["router"]
+__all__ = ["NeutronRoute", "router"]
 
 
 class _NeutronRoute(APIRoute):
@@ -40,6 +40,7 @@ class _NeutronRoute(APIRoute):
         return translated
 
 
+NeutronRoute = _NeutronRoute
 router = APIRouter(route_class=_NeutronRoute)
 Reader = Annotated[Context, Depends(require_context)]
 Writer = Annotated[Context, Depends(require_writer)]
@@ -524,34 +525,78 @@ for _collection in _TAGGED:
 
 # -- extensions -------------------------------------------------------------------------------
 
-EXTENSIONS = {
-    "allowed-address-pairs": "Provides allowed address pairs",
-    "availability_zone": "The availability zone extension.",
-    "binding": "Expose port bindings of a virtual port to external application",
-    "external-net": "Adds external network attribute to network resource.",
-    "extra_dhcp_opt": "Extra options configuration for DHCP.",
-    "filter-validation": "Provides validation on filtering parameters.",
-    "net-mtu": "Provides MTU attribute for a network resource.",
-    "network_availability_zone": "Availability zone support for network.",
-    "pagination": "Extension that indicates that pagination is enabled.",
-    "port-security": "Provides port security",
-    "project-id": "Extension that indicates that project_id field is enabled.",
-    "provider": "Expose mapping of virtual networks to physical networks",
-    "security-group": "The security groups extension.",
-    "sorting": "Extension that indicates that sorting is enabled.",
-    "standard-attr-description": "Extension to add descriptions to standard attributes",
-    "standard-attr-revisions": "Displays the revision number of neutron resources.",
-    "standard-attr-tag": "Enables to set tag on resources with standard attribute.",
-    "standard-attr-timestamp": "Adds created_at and updated_at fields to all Neutron resources.",
-    "stateful-security-group": "Indicates if the security group is stateful or not",
+# alias: (name, description), as Neutron spells them (neutron_lib/api/definitions/).
+EXTENSIONS: dict[str, tuple[str, str]] = {
+    "allowed-address-pairs": ("Allowed Address Pairs", "Provides allowed address pairs"),
+    "availability_zone": ("Availability Zone", "The availability zone extension."),
+    "binding": ("Port Binding", "Expose port bindings of a virtual port to external application"),
+    "external-net": (
+        "Neutron external network",
+        "Adds external network attribute to network resource.",
+    ),
+    "extra_dhcp_opt": (
+        "Neutron Extra DHCP options",
+        "Extra options configuration for DHCP. "
+        "For example PXE boot options to DHCP clients can be specified (e.g. tftp-server, "
+        "server-ip-address, bootfile-name)",
+    ),
+    "filter-validation": (
+        "Filter parameters validation",
+        "Provides validation on filtering parameters.",
+    ),
+    "net-mtu": ("Network MTU", "Provides MTU attribute for a network resource."),
+    "network_availability_zone": (
+        "Network Availability Zone",
+        "Availability zone support for network.",
+    ),
+    "pagination": ("Pagination support", "Extension that indicates that pagination is enabled."),
+    "port-security": ("Port Security", "Provides port security"),
+    "project-id": (
+        "project_id field enabled",
+        "Extension that indicates that project_id field is enabled.",
+    ),
+    "provider": ("Provider Network", "Expose mapping of virtual networks to physical networks"),
+    "quota-check-limit": (
+        "Quota engine limit check",
+        "Support for checking the resource usage before applying a new quota limit",
+    ),
+    "quotas": ("Quota management support", "Expose functions for quotas management per project"),
+    "quota_details": (
+        "Quota details management support",
+        "Expose functions for quotas usage statistics per project",
+    ),
+    "security-group": ("security-group", "The security groups extension."),
+    "sorting": ("Sorting support", "Extension that indicates that sorting is enabled."),
+    "standard-attr-description": (
+        "standard-attr-description",
+        "Extension to add descriptions to standard attributes",
+    ),
+    "standard-attr-revisions": (
+        "Resource revision numbers",
+        "This extension will display the revision number of neutron resources.",
+    ),
+    "standard-attr-tag": (
+        "Tag support for resources with standard attribute: subnet, network, port, security_group",
+        "Enables to set tag on resources with standard attribute.",
+    ),
+    "standard-attr-timestamp": (
+        "Resource timestamps",
+        "Adds created_at and updated_at fields to all Neutron resources that have Neutron "
+        "standard attributes.",
+    ),
+    "stateful-security-group": (
+        "Stateful security group",
+        "Indicates if the security group is stateful or not",
+    ),
 }
 
 
 def _extension(alias: str) -> dict[str, Any]:
+    name, description = EXTENSIONS[alias]
     return {
         "alias": alias,
-        "name": alias.replace("-", " ").replace("_", " ").title(),
-        "description": EXTENSIONS[alias],
+        "name": name,
+        "description": description,
         "links": [],
         "updated": "2013-01-20T00:00:00-00:00",
     }

@@ -26,6 +26,7 @@ from stowage.services.networks.common import (
     _standard,
     _text,
 )
+from stowage.services.networks.quotas import create_counted
 
 if TYPE_CHECKING:
     from stowage.services.cloud import Cloud
@@ -187,7 +188,7 @@ def create_network(cloud: Cloud, caller: Caller, attrs: Mapping[str, Any]) -> di
     _network_attrs(attrs, caller, body, "create")
     if body["provider:network_type"] in ("flat", "local"):
         body["provider:segmentation_id"] = None
-    cloud.objects.create("network", network_id, body, project_id=project, name=body["name"])
+    create_counted(cloud, "network", network_id, body, project_id=project, name=body["name"])
     return _render_network(body, caller, {})
 
 

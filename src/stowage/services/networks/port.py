@@ -33,6 +33,7 @@ from stowage.services.networks.common import (
     _uuid5,
 )
 from stowage.services.networks.network import _network
+from stowage.services.networks.quotas import create_counted
 from stowage.services.networks.security_groups import ensure_default_security_group
 
 if TYPE_CHECKING:
@@ -255,7 +256,7 @@ def create_port(cloud: Cloud, caller: Caller, attrs: Mapping[str, Any]) -> dict[
     try:
         body["fixed_ips"] = _allocate_ips(cloud, network_id, port_id, requests, subnets)
         try:
-            cloud.objects.create("port", port_id, body, project_id=project, name=body["name"])
+            create_counted(cloud, "port", port_id, body, project_id=project, name=body["name"])
         except BaseException:
             _release_ips(cloud, body["fixed_ips"])
             raise

@@ -28,6 +28,7 @@ from stowage.services.networks.common import (
     _text,
     _uuid5,
 )
+from stowage.services.networks.quotas import create_counted
 
 if TYPE_CHECKING:
     from stowage.services.cloud import Cloud
@@ -198,7 +199,7 @@ def create_security_group(cloud: Cloud, caller: Caller, attrs: Mapping[str, Any]
     rules = [
         _new_rule(cloud, group_id, project, "egress", ethertype) for ethertype in ("IPv4", "IPv6")
     ]
-    cloud.objects.create("security_group", group_id, body, project_id=project, name=body["name"])
+    create_counted(cloud, "security_group", group_id, body, project_id=project, name=body["name"])
     for rule in rules:
         cloud.objects.create("security_group_rule", rule["id"], rule, project_id=project)
     return _render_group(body, rules)
@@ -366,7 +367,7 @@ def create_security_group_rule(
                 f"Security group rule already exists. Rule id is {other['id']}.",
                 "SecurityGroupRuleExists",
             )
-    cloud.objects.create("security_group_rule", rule["id"], rule, project_id=group["project_id"])
+    create_counted(cloud, "security_group_rule", rule["id"], rule, project_id=group["project_id"])
     return rule
 
 

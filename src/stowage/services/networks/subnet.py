@@ -30,6 +30,7 @@ from stowage.services.networks.common import (
     _text,
 )
 from stowage.services.networks.network import _network, _network_visible
+from stowage.services.networks.quotas import create_counted
 
 if TYPE_CHECKING:
     from stowage.services.cloud import Cloud
@@ -286,7 +287,7 @@ def create_subnet(cloud: Cloud, caller: Caller, attrs: Mapping[str, Any]) -> dic
     body["allocation_pools"] = _default_pools(net, gateway)
     if "allocation_pools" in attrs:
         _subnet_attrs({"allocation_pools": attrs["allocation_pools"]}, body, net)
-    cloud.objects.create("subnet", subnet_id, body, project_id=project, name=body["name"])
+    create_counted(cloud, "subnet", subnet_id, body, project_id=project, name=body["name"])
     return dict(body)
 
 

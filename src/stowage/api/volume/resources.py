@@ -1,0 +1,493 @@
+"""Block storage v3 beside volumes: types, snapshots, attachments (3.27+), quotas, limits,
+availability zones and services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from stowage.api.auth import cloud_of
+from stowage.api.common import ApiError, Context, json_body, parse_limit
+from stowage.api.volume.microversion import vmv
+from stowage.api.volume.views import (
+    attachment_view,
+    context,
+    iso,
+    mapped,
+    snapshot_view,
+    type_view,
+    writer,
+)
+from stowage.api.volume.volumes import settle, sort_of
+from stowage.domain.errors import StowageError
+from stowage.services.volumes import attach as attach_service
+from stowage.services.volumes import types as type_service
+from stowage.services.volumes import volumes as service
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+def _admin(ctx: Context, rule: str) -> None:
+    if not ctx.is_admin:
+        raise ApiError(403, f"Policy doesn't allow {rule} to be performed.")
+
+
+def _member(payload: Any, key: str) -> dict[str, Any]:
+    if not isinstance(payload, dict) or not isinstance(payload.get(key), dict):
+        raise ApiError(400, f"Missing required element '{key}' in request body.")
+    found: dict[str, Any] = payload[key]
+    return found
+
+
+# -- volume types -----------------------------------------------------------------------------
+
+
+@router.get("/types")
+async def list_types(request: Request, project_id: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    types = type_service.list_types(cloud_of(request), is_admin=ctx.is_admin)
+    return JSONResponse({"volume_types": [type_view(ctx, t) for t in types]})
+
+
+@router.get("/types/default")
+async def default_type(request: Request, project_id: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    if vmv(request) < (3, 62):
+        raise ApiError(404, "Volume type default could not be found.")
+    return JSONResponse({"volume_type": type_view(ctx, service.default_type())})
+
+
+@router.get("/types/{type_id}")
+async def show_type(request: Request, project_id: str, type_id: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    try:
+        found = service.find_type(cloud_of(request), type_id)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse({"volume_type": type_view(ctx, found)})
+
+
+@router.post("/types")
+async def create_type(request: Request, project_id: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:types_manage")
+    given = _member(await json_body(request), "volume_type")
+    request_body = {
+        "name": given.get("name"),
+        "description": given.get("description"),
+        "is_public": given.get("os-volume-type-access:is_public", given.get("is_public", True)),
+        "extra_specs": _specs(given.get("extra_specs")),
+    }
+    try:
+        made = type_service.create_type(cloud_of(request), request_body)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse({"volume_type": type_view(ctx, made)})
+
+
+def _specs(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str | int | bool) for k, v in value.items()
+    ):
+        raise ApiError(400, "Invalid input for field/attribute extra_specs")
+    return {k: str(v) for k, v in value.items()}
+
+
+@router.put("/types/{type_id}")
+async def update_type(request: Request, project_id: str, type_id: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:types_manage")
+    given = _member(await json_body(request), "volume_type")
+    changes: dict[str, Any] = {
+        k: given[k] for k in ("name", "description", "is_public") if k in given
+    }
+    try:
+        body = type_service.update_type(cloud_of(request), type_id, changes)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse({"volume_type": type_view(ctx, body)})
+
+
+@router.delete("/types/{type_id}")
+async def delete_type(request: Request, project_id: str, type_id: str) -> Response:
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:types_manage")
+    try:
+        type_service.delete_type(cloud_of(request), type_id)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return Response(status_code=202)
+
+
+@router.get("/types/{type_id}/extra_specs")
+async def list_specs(request: Request, project_id: str, type_id: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:types_extra_specs:index")
+    try:
+        found = service.find_type(cloud_of(request), type_id)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse({"extra_specs": found.get("extra_specs") or {}})
+
+
+@router.post("/types/{type_id}/extra_specs")
+async def set_specs(request: Request, project_id: str, type_id: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:types_extra_specs:create")
+    payload = await json_body(request)
+    specs = _specs((payload or {}).get("extra_specs") if isinstance(payload, dict) else None)
+    try:
+        type_service.update_type(cloud_of(request), type_id, {"extra_specs": specs})
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse({"extra_specs": specs})
+
+
+@router.delete("/types/{type_id}/extra_specs/{key}")
+async def unset_spec(request: Request, project_id: str, type_id: str, key: str) -> Response:
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:types_extra_specs:delete")
+    try:
+        type_service.update_type(cloud_of(request), type_id, {"unset_spec": key})
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return Response(status_code=202)
+
+
+# -- snapshots --------------------------------------------------------------------------------
+
+
+@router.post("/snapshots")
+async def create_snapshot(request: Request, project_id: str) -> JSONResponse:
+    ctx = writer(request, project_id, "volume:create_snapshot")
+    cloud = cloud_of(request)
+    given = _member(await json_body(request), "snapshot")
+    allowed = {
+        "volume_id",
+        "name",
+        "description",
+        "force",
+        "metadata",
+        "display_name",
+        "display_description",
+    }
+    unknown = sorted(set(given) - allowed)
+    if unknown:
+        raise ApiError(400, f"Invalid input for field/attribute snapshot: {unknown}")
+    wanted = {
+        "volume_id": given.get("volume_id"),
+        "name": given.get("name", given.get("display_name")),
+        "description": given.get("description", given.get("display_description")),
+        "force": given.get("force", False),
+        "metadata": given.get("metadata") or {},
+    }
+    try:
+        doc = service.create_snapshot(cloud, ctx, wanted)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    if doc.body["status"] == "creating":
+        settle(cloud, "volume_snapshot", doc.id)
+    shown = cloud.objects.find("volume_snapshot", doc.id) or doc
+    return JSONResponse({"snapshot": snapshot_view(request, shown)}, status_code=202)
+
+
+def _list_snapshots(request: Request, project_id: str, *, detail: bool) -> JSONResponse:
+    ctx = context(request, project_id)
+    query = request.query_params
+    filters = {k: query[k] for k in ("name", "status", "volume_id") if k in query}
+    try:
+        docs = service.list_docs(
+            cloud_of(request),
+            ctx,
+            "volume_snapshot",
+            filters=filters,
+            all_projects=query.get("all_tenants", "").lower() in ("1", "true"),
+            sort=sort_of(request),
+            limit=parse_limit(query.get("limit"), maximum=1000),
+            marker=query.get("marker"),
+        )
+    except StowageError as exc:
+        raise mapped(exc) from None
+    views = [snapshot_view(request, d) for d in docs]
+    if not detail:
+        brief = (
+            "id",
+            "name",
+            "status",
+            "size",
+            "volume_id",
+            "created_at",
+            "description",
+            "metadata",
+            "updated_at",
+        )
+        views = [{k: v[k] for k in brief} for v in views]
+    return JSONResponse({"snapshots": views})
+
+
+@router.get("/snapshots")
+async def list_snapshots(request: Request, project_id: str) -> JSONResponse:
+    return _list_snapshots(request, project_id, detail=False)
+
+
+@router.get("/snapshots/detail")
+async def list_snapshots_detail(request: Request, project_id: str) -> JSONResponse:
+    return _list_snapshots(request, project_id, detail=True)
+
+
+@router.get("/snapshots/{snapshot_id}")
+async def show_snapshot(request: Request, project_id: str, snapshot_id: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    try:
+        doc = service.get_snapshot(cloud_of(request), ctx, snapshot_id)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse({"snapshot": snapshot_view(request, doc)})
+
+
+@router.put("/snapshots/{snapshot_id}")
+async def update_snapshot(request: Request, project_id: str, snapshot_id: str) -> JSONResponse:
+    ctx = writer(request, project_id, "volume:update_snapshot")
+    given = _member(await json_body(request), "snapshot")
+    changes: dict[str, Any] = {
+        k: given[k] for k in ("name", "description", "metadata") if k in given
+    }
+    try:
+        doc = service.update_snapshot(cloud_of(request), ctx, snapshot_id, changes)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse({"snapshot": snapshot_view(request, doc)})
+
+
+@router.delete("/snapshots/{snapshot_id}")
+async def delete_snapshot(request: Request, project_id: str, snapshot_id: str) -> Response:
+    ctx = writer(request, project_id, "volume:delete_snapshot")
+    cloud = cloud_of(request)
+    try:
+        service.delete_snapshot(cloud, ctx, snapshot_id)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    settle(cloud, "volume_snapshot", snapshot_id)
+    return Response(status_code=202)
+
+
+# -- attachments (3.27+) ----------------------------------------------------------------------
+
+
+def _attachments_version(request: Request) -> None:
+    if vmv(request) < (3, 27):
+        raise ApiError(404, "The resource could not be found.")
+
+
+@router.post("/attachments")
+async def create_attachment(request: Request, project_id: str) -> JSONResponse:
+    ctx = writer(request, project_id, "volume:attachment_create")
+    _attachments_version(request)
+    given = _member(await json_body(request), "attachment")
+    mode = given.get("mode", "rw") if vmv(request) >= (3, 54) else "rw"
+    try:
+        one = attach_service.create_attachment(
+            cloud_of(request),
+            ctx,
+            str(given.get("volume_uuid") or ""),
+            given.get("instance_uuid"),
+            given.get("connector"),
+            mode,
+        )
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse({"attachment": attachment_view(one)})
+
+
+def _list_attachments(request: Request, project_id: str, *, detail: bool) -> JSONResponse:
+    ctx = context(request, project_id)
+    _attachments_version(request)
+    query = request.query_params
+    found = attach_service.list_attachments(
+        cloud_of(request), ctx, query.get("all_tenants", "").lower() in ("1", "true")
+    )
+    for key, field in (
+        ("volume_id", "volume_id"),
+        ("instance_id", "instance"),
+        ("status", "status"),
+    ):
+        if key in query:
+            found = [a for a in found if str(a.get(field)) == query[key]]
+    return JSONResponse({"attachments": [attachment_view(a, detail=detail) for a in found]})
+
+
+@router.get("/attachments")
+async def list_attachments(request: Request, project_id: str) -> JSONResponse:
+    return _list_attachments(request, project_id, detail=False)
+
+
+@router.get("/attachments/detail")
+async def list_attachments_detail(request: Request, project_id: str) -> JSONResponse:
+    return _list_attachments(request, project_id, detail=True)
+
+
+@router.get("/attachments/{attachment_id}")
+async def show_attachment(request: Request, project_id: str, attachment_id: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    _attachments_version(request)
+    try:
+        _, one = attach_service.find_attachment(cloud_of(request), ctx, attachment_id)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse({"attachment": attachment_view(one)})
+
+
+@router.put("/attachments/{attachment_id}")
+async def update_attachment(request: Request, project_id: str, attachment_id: str) -> JSONResponse:
+    ctx = writer(request, project_id, "volume:attachment_update")
+    _attachments_version(request)
+    given = _member(await json_body(request), "attachment")
+    try:
+        one = attach_service.update_attachment(
+            cloud_of(request), ctx, attachment_id, given.get("connector")
+        )
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse({"attachment": attachment_view(one)})
+
+
+@router.delete("/attachments/{attachment_id}")
+async def delete_attachment(request: Request, project_id: str, attachment_id: str) -> JSONResponse:
+    ctx = writer(request, project_id, "volume:attachment_delete")
+    _attachments_version(request)
+    try:
+        attach_service.delete_attachment(cloud_of(request), ctx, attachment_id)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse({"attachments": []})
+
+
+@router.post("/attachments/{attachment_id}/action")
+async def attachment_action(request: Request, project_id: str, attachment_id: str) -> Response:
+    ctx = writer(request, project_id, "volume:attachment_complete")
+    _attachments_version(request)
+    payload = await json_body(request)
+    if not isinstance(payload, dict) or list(payload) != ["os-complete"] or vmv(request) < (3, 44):
+        raise ApiError(400, "There is no such action: only os-complete (3.44+) is known")
+    try:
+        attach_service.complete_attachment(cloud_of(request), ctx, attachment_id)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return Response(status_code=204)
+
+
+# -- quotas, limits, zones, services ----------------------------------------------------------
+
+
+def _quota_target(ctx: Context, target: str) -> None:
+    if target != ctx.project_id and not ctx.is_admin:
+        raise ApiError(403, "Policy doesn't allow volume_extension:quotas:show to be performed.")
+
+
+@router.get("/os-quota-sets/{target}")
+async def show_quotas(request: Request, project_id: str, target: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    _quota_target(ctx, target)
+    usage = request.query_params.get("usage", "").lower() in ("true", "1")
+    return JSONResponse(
+        {"quota_set": type_service.quota_set(cloud_of(request), target, usage=usage)}
+    )
+
+
+@router.get("/os-quota-sets/{target}/defaults")
+async def default_quotas(request: Request, project_id: str, target: str) -> JSONResponse:
+    context(request, project_id)
+    from stowage.services.volumes import DEFAULT_TYPE_NAME, DEFAULT_VOLUME_QUOTAS
+
+    body: dict[str, Any] = {"id": target, **DEFAULT_VOLUME_QUOTAS}
+    for key in ("volumes", "snapshots", "gigabytes"):
+        body[f"{key}_{DEFAULT_TYPE_NAME}"] = DEFAULT_VOLUME_QUOTAS[key]
+    return JSONResponse({"quota_set": body})
+
+
+@router.put("/os-quota-sets/{target}")
+async def update_quotas(request: Request, project_id: str, target: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:quotas:update")
+    given = _member(await json_body(request), "quota_set")
+    given = {k: v for k, v in given.items() if k not in ("tenant_id", "id")}
+    cloud = cloud_of(request)
+    try:
+        type_service.set_quotas(cloud, target, given)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    body = type_service.quota_set(cloud, target, usage=False)
+    body.pop("id", None)
+    return JSONResponse({"quota_set": body})
+
+
+@router.delete("/os-quota-sets/{target}")
+async def delete_quotas(request: Request, project_id: str, target: str) -> Response:
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:quotas:delete")
+    type_service.reset_quotas(cloud_of(request), target)
+    return Response(status_code=200)
+
+
+@router.get("/limits")
+async def limits(request: Request, project_id: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    quotas = type_service.quota_set(cloud_of(request), ctx.project_id, usage=True)
+    absolute = {
+        "maxTotalVolumes": quotas["volumes"]["limit"],
+        "maxTotalSnapshots": quotas["snapshots"]["limit"],
+        "maxTotalVolumeGigabytes": quotas["gigabytes"]["limit"],
+        "maxTotalBackups": quotas["backups"]["limit"],
+        "maxTotalBackupGigabytes": quotas["backup_gigabytes"]["limit"],
+        "totalVolumesUsed": quotas["volumes"]["in_use"],
+        "totalSnapshotsUsed": quotas["snapshots"]["in_use"],
+        "totalGigabytesUsed": quotas["gigabytes"]["in_use"],
+        "totalBackupsUsed": 0,
+        "totalBackupGigabytesUsed": 0,
+    }
+    return JSONResponse({"limits": {"rate": [], "absolute": absolute}})
+
+
+@router.get("/os-availability-zone")
+async def availability_zones(request: Request, project_id: str) -> JSONResponse:
+    context(request, project_id)
+    return JSONResponse(
+        {"availabilityZoneInfo": [{"zoneName": "nova", "zoneState": {"available": True}}]}
+    )
+
+
+@router.get("/os-services")
+async def services(request: Request, project_id: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:services:index")
+    cloud = cloud_of(request)
+    now = iso(cloud.clock())
+    from stowage.services.volumes import backend_of
+
+    rows = [
+        ("cinder-scheduler", "stowage"),
+        ("cinder-volume", f"stowage@{backend_of(cloud).kind}"),
+    ]
+    out = []
+    for binary, host in rows:
+        row: dict[str, Any] = {
+            "binary": binary,
+            "host": host,
+            "zone": "nova",
+            "status": "enabled",
+            "state": "up",
+            "updated_at": now,
+            "disabled_reason": None,
+        }
+        if vmv(request) >= (3, 7):
+            row["cluster"] = None
+        if vmv(request) >= (3, 49) and binary == "cinder-volume":
+            row["backend_state"] = "up"
+        out.append(row)
+    return JSONResponse({"services": out})

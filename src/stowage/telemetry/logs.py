@@ -1,0 +1,114 @@
+"""Structured logs through structlog: JSON or key=value lines on stderr, the standard
+library's loggers included, each line carrying what is bound in the context (the request
+id of the work it belongs to, the operation, the process)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+import structlog
+from structlog.contextvars import bound_contextvars, get_contextvars
+
+__all__ = ["FORMATS", "LEVELS", "bind", "configure_logging", "current_request_id", "logger"]
+
+FORMATS = ("json", "kv")
+LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _route_to_stdlib() -> None:
+    """Until a process command configures its logs, structlog's lines go through the
+    standard library's loggers and levels (as plain key=value messages), never to stdout."""
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.KeyValueRenderer(key_order=["event"], drop_missing=True),
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+
+
+if not structlog.is_configured():
+    _route_to_stdlib()
+
+
+def configure_logging(
+    fmt: str = "kv", level: str = "info", *, process: str = "stowage", stream: TextIO | None = None
+) -> None:
+    """Every log line of this process as `fmt` (json or kv) at `level` and above."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format {fmt!r}: one of {', '.join(FORMATS)}")
+    if level.lower() not in LEVELS:
+        raise ValueError(f"log level {level!r}: one of {', '.join(LEVELS)}")
+
+    def add_process(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+        event.setdefault("process", process)
+        return event
+
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        add_process,
+    ]
+    renderer: Any
+    if fmt == "json":
+        renderer = structlog.processors.JSONRenderer(sort_keys=False)
+    else:
+        renderer = structlog.processors.KeyValueRenderer(
+            key_order=["timestamp", "level", "event", "request_id"], drop_missing=True
+        )
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *shared,
+            structlog.processors.format_exc_info,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+    )
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(level.upper())
+    # Libraries' chatter stays at warnings; uvicorn's own access log is replaced by ours.
+    for name in ("aio_pika", "aiormq", "httpx", "httpcore", "uvicorn.access"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+
+
+def logger(name: str) -> Any:
+    """A structlog logger over the standard library's (so configure_logging formats it)."""
+    return structlog.stdlib.get_logger(name)
+
+
+@contextlib.contextmanager
+def bind(**values: Any) -> Iterator[None]:
+    """Bind `values` (request_id, op_id, ...) to every log line of the work inside; values
+    that are None or empty are left out, and what was bound before comes back after."""
+    kept = {k: v for k, v in values.items() if v not in (None, "")}
+    with bound_contextvars(**kept):
+        yield
+
+
+def current_request_id() -> str | None:
+    """The request id bound to the work in progress, if any."""
+    value = get_contextvars().get("request_id")
+    return str(value) if value else None

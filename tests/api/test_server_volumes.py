@@ -1,0 +1,122 @@
+"""Servers and volumes through the real `openstack` CLI: boot from volume as seed 004's reporter
+does, attach and detach, and what a server's delete does to its volumes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from tests.api.cloudproc import IMAGE, RunningCloud
+from tests.api.test_volumes import SDK_WARNINGS, Volume, audit_clean, unique, volume_dir
+
+pytestmark = pytest.mark.filterwarnings(SDK_WARNINGS)
+
+
+def allocations(cloud: RunningCloud, consumer: str) -> dict[str, Any]:
+    response = httpx.get(
+        f"{cloud.base_url}/placement/allocations/{consumer}",
+        headers={"X-Auth-Token": cloud.token(), "OpenStack-API-Version": "placement 1.28"},
+    )
+    found: dict[str, Any] = response.json()["allocations"]
+    return found
+
+
+def test_boot_from_volume_attach_detach_and_delete_on_termination(
+    cloud: RunningCloud, sdk: Any
+) -> None:
+    name = unique("bfv")
+    server = cloud.osc_json(
+        "server", "create", "--flavor", "m1.tiny", "--image", IMAGE, "--boot-from-volume", "1",
+        "--nic", "none", "--wait", name,
+    )  # fmt: skip
+    assert server["status"] == "ACTIVE"
+    assert server["image"] == "N/A (booted from volume)"
+    root_id = server["volumes_attached"][0]["id"]
+    api = Volume(cloud)
+    root = api.call("GET", f"/volumes/{root_id}").json()["volume"]
+    assert (root["status"], root["bootable"], root["size"]) == ("in-use", "true", 1)
+    assert root["attachments"][0]["server_id"] == server["id"]
+    assert root["attachments"][0]["device"] == "/dev/vda"
+    # The root disk is the volume's: the host holds no DISK_GB for it.
+    held = [a["resources"] for a in allocations(cloud, server["id"]).values()]
+    assert held and all("DISK_GB" not in r for r in held)
+
+    data = sdk.block_storage.wait_for_status(
+        sdk.block_storage.create_volume(size=1, name=unique("data")), "available", wait=30
+    )
+    cloud.osc("server", "add", "volume", "--enable-delete-on-termination", name, data.id)
+    attached = cloud.compute("GET", f"/servers/{server['id']}/os-volume_attachments").json()
+    devices = {a["volumeId"]: a for a in attached["volumeAttachments"]}
+    assert devices[data.id]["device"] == "/dev/vdb"
+    assert devices[data.id]["delete_on_termination"] is True
+    assert api.status(data.id) == "in-use"
+    refused = cloud.compute(
+        "PUT",
+        f"/servers/{server['id']}/os-volume_attachments/{data.id}",
+        json={"volumeAttachment": {"volumeId": root_id}},
+    )
+    assert refused.status_code == 501
+    root_detach = cloud.compute(
+        "DELETE", f"/servers/{server['id']}/os-volume_attachments/{root_id}"
+    )
+    assert root_detach.status_code == 400
+
+    detach = cloud.compute("DELETE", f"/servers/{server['id']}/os-volume_attachments/{data.id}")
+    assert detach.status_code == 202
+    assert api.status(data.id) == "available"
+    reattach = cloud.compute(
+        "POST",
+        f"/servers/{server['id']}/os-volume_attachments",
+        json={"volumeAttachment": {"volumeId": data.id, "delete_on_termination": True}},
+    )
+    assert reattach.status_code == 200
+    assert api.status(data.id) == "in-use"
+
+    cloud.osc("server", "delete", "--wait", name)
+    # delete_on_termination: the data volume goes with the server, the root volume stays.
+    assert api.call("GET", f"/volumes/{data.id}").status_code == 404
+    assert not (volume_dir(cloud) / f"volume-{data.id}").exists()
+    assert api.status(root_id) == "available"
+    sdk.block_storage.delete_volume(root_id)
+    audit_clean(cloud)
+
+
+def test_a_mapping_of_a_volume_in_use_or_a_missing_image_is_refused(cloud: RunningCloud) -> None:
+    flavor = "1"
+    missing = cloud.compute(
+        "POST",
+        "/servers",
+        json={
+            "server": {
+                "name": unique("bad"),
+                "flavorRef": flavor,
+                "networks": "none",
+                "block_device_mapping_v2": [
+                    {
+                        "source_type": "volume",
+                        "destination_type": "volume",
+                        "uuid": "00000000-0000-0000-0000-000000000000",
+                        "boot_index": 0,
+                    }
+                ],
+            }
+        },
+    )
+    assert missing.status_code == 400
+    blank_local = cloud.compute(
+        "POST",
+        "/servers",
+        json={
+            "server": {
+                "name": unique("bad"),
+                "flavorRef": flavor,
+                "imageRef": "",
+                "networks": "none",
+                "block_device_mapping_v2": [
+                    {"source_type": "blank", "destination_type": "local", "volume_size": 1}
+                ],
+            }
+        },
+    )
+    assert blank_local.status_code == 400

@@ -1,0 +1,64 @@
+"""Structured log lines: the bound request id on structlog's and the standard library's
+lines alike, in JSON and in key=value."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from stowage.telemetry import bind, configure_logging, current_request_id, logger
+from stowage.telemetry import logs as telemetry_logs
+
+
+@pytest.fixture
+def restored_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        root.handlers, root.level = handlers, level
+        telemetry_logs._route_to_stdlib()
+
+
+def test_json_lines_carry_the_bound_request_id(restored_logging: None) -> None:
+    out = io.StringIO()
+    configure_logging("json", "info", process="test", stream=out)
+    with bind(request_id="req-1", op_id=None):
+        assert current_request_id() == "req-1"
+        logger("stowage.test").info("claimed", host="h1")
+        logging.getLogger("stowage.test.std").warning("plain %s", "line")
+    logger("stowage.test").debug("below the level")
+    logger("stowage.test").info("after")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(ln["event"], ln.get("request_id")) for ln in lines] == [
+        ("claimed", "req-1"),
+        ("plain line", "req-1"),
+        ("after", None),
+    ]
+    assert lines[0]["host"] == "h1" and lines[0]["level"] == "info"
+    assert "op_id" not in lines[0]  # None is not bound
+    assert {ln["process"] for ln in lines} == {"test"}
+
+
+def test_key_value_lines_and_refused_options(restored_logging: None) -> None:
+    out = io.StringIO()
+    configure_logging("kv", "warning", process="test", stream=out)
+    with bind(request_id="req-2"):
+        logger("stowage.test").info("hidden")
+        logger("stowage.test").error("failed", why="disk")
+    (line,) = out.getvalue().splitlines()
+    assert line.split(" ")[1:5] == [
+        "level='error'",
+        "event='failed'",
+        "request_id='req-2'",
+        "why='disk'",
+    ]
+    with pytest.raises(ValueError, match="log format"):
+        configure_logging("xml", "info")
+    with pytest.raises(ValueError, match="log level"):
+        configure_logging("kv", "loud")
