@@ -695,8 +695,12 @@ class _World:
                 rng.choice((0, 1, 1)) if s.on(FaultKind.AGENT_FORGETS) else 0,
             ),
         ):
+            # With evacuations on, a host goes down early enough for clients to evacuate it
+            # (past service_down_time) while the workload still runs.
+            early = kind is FaultKind.HOST_DOWN and s.on(FaultKind.EVACUATE)
+            span = cfg.workload_s / 4 if early else cfg.workload_s
             if s.on(kind):
-                events += [(rng.uniform(0, cfg.workload_s), kind) for _ in range(count)]
+                events += [(rng.uniform(0, span), kind) for _ in range(count)]
         for at, kind in sorted(events):
             await asyncio.sleep(max(0.0, at - (self.clock.now - EPOCH)))
             host = rng.choice(sorted(self.agents))
