@@ -486,6 +486,7 @@ class _Agent:
         self.reconciler: Reconciler | None = None
         self.reconciling: asyncio.Task[None] | None = None
         self.forgot = False  # the hypervisor view is new and empty: restore before serving
+        self.restore_fails = 0  # how many guests the restore fails to bring back
 
     async def start(self) -> None:
         w = self.world
@@ -493,9 +494,15 @@ class _Agent:
         host = self.host
         if self.forgot:
             # As `stowage agent --driver sim` does on start: what the ledger places here runs
-            # again before the agent serves (agent/processes.py run_agent).
+            # again before the agent serves (agent/processes.py run_agent). The seed may make
+            # some of it fail to come back: the reconciler then puts those servers into
+            # Nova's state for a vanished guest.
             self.forgot = False
+            if self.restore_fails:
+                self.driver.inject("spawn", "create_disk", DriverFault.FAIL, self.restore_fails)
             restored = await asyncio.to_thread(restore_guests, cloud, host, self.driver)
+            if self.restore_fails:
+                self.driver.clear_faults()
             w.trace(f"agent {host} restored {sorted(restored)}")
         self.endpoint = w.bus.endpoint()
 
@@ -563,7 +570,7 @@ class _Agent:
                 file.close()
         self.uploads.clear()
 
-    def _forget(self) -> None:
+    def _forget(self, restore_fails: int = 0) -> None:
         """The simulated hypervisor lived in the dead process: a new one starts empty, on the
         same disk directory and with the same (slow) disk."""
         old = self.driver
@@ -580,8 +587,11 @@ class _Agent:
         )
         self.world.drivers[self.host] = self.driver
         self.forgot = True
+        self.restore_fails = restore_fails
 
-    async def crash(self, restart_in: float | None, *, forget: bool = False) -> None:
+    async def crash(
+        self, restart_in: float | None, *, forget: bool = False, restore_fails: int = 0
+    ) -> None:
         server, endpoint = self.server, self.endpoint
         self.server = self.endpoint = None
         reconciling, self.reconciling, self.reconciler = self.reconciling, None, None
@@ -595,7 +605,7 @@ class _Agent:
             await server.agent.stop(grace_s=0.0)
         self._close_files()
         if forget:
-            self._forget()
+            self._forget(restore_fails)
         if restart_in is not None:
             loop = asyncio.get_running_loop()
             self.restart = loop.call_later(restart_in, lambda: loop.create_task(self._back()))
@@ -711,10 +721,13 @@ class _World:
                 await agent.crash(back)
             elif kind is FaultKind.AGENT_FORGETS and agent.server is not None:
                 back = rng.choice((1.0, 5.0, 15.0))
+                fails = rng.choice((0, 0, 1, 2))
                 s.note(
-                    kind, f"agent {host} restarts at {at:.1f} s with no guests, back {back} s later"
+                    kind,
+                    f"agent {host} restarts at {at:.1f} s with no guests, back {back} s later, "
+                    f"{fails} of them failing to come back",
                 )
-                await agent.crash(back, forget=True)
+                await agent.crash(back, forget=True, restore_fails=fails)
             elif kind is FaultKind.HOST_DOWN and agent.server is not None and not self.down:
                 span = rng.choice((60.0, 120.0))
                 s.note(kind, f"agent {host} stops at {at:.1f} s for {span} s")
