@@ -293,6 +293,22 @@ def up(
     ] = True,
     log_format: LogFormat = "kv",
     log_level: LogLevel = "info",
+    volume_dir: Annotated[
+        Path | None,
+        typer.Option("--volume-dir", help="Block storage's files (default: <state-dir>/volumes)."),
+    ] = None,
+    volume_gb: Annotated[
+        int,
+        typer.Option("--volume-gb", min=1, help="Block storage pool capacity (GiB), when new."),
+    ] = 1000,
+    reclaim_instance_interval: Annotated[
+        float,
+        typer.Option(
+            "--reclaim-instance-interval",
+            min=0,
+            help="Seconds a deleted server stays SOFT_DELETED (restorable); 0: deletes are final.",
+        ),
+    ] = 0.0,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import os
@@ -334,6 +350,9 @@ def up(
         admin_password=bootstrap_password,
         lease_s=lease_seconds,
         running_deleted_instance_action=running_deleted_instance_action,
+        volume_dir=volume_dir.resolve() if volume_dir is not None else None,
+        volume_pool_gb=volume_gb,
+        reclaim_instance_interval_s=reclaim_instance_interval,
         host_ip=host_ip,
         resume_guests_state_on_host_boot=resume_guests_state_on_host_boot,
     )

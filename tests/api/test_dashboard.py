@@ -119,7 +119,7 @@ def test_capacity_what_if_matches_the_api(cloud: RunningCloud, browser: Any) -> 
     host = cloud.osc_json("host", "list", "--zone", "nova")[0]["Host Name"]
     page = _log_in(browser, cloud, "admin", "stowage-admin", "admin")
     page.goto("/dashboard/capacity")
-    page.get_by_label("If this host failed").select_option(host)
+    page.get_by_label("If this failed").select_option(host)
     page.get_by_role("button", name="Show").click()
     page.locator("#what-if").wait_for()
     shown = {
@@ -182,10 +182,23 @@ def test_a_host_evacuation_started_from_its_plan(
 ) -> None:
     """The plan first (where each instance would go, all planned together), then the
     evacuation started from the page; a cloud of its own, as its host goes down."""
-    own = start_cloud(tmp_path / "state", "--hosts", "2")
+    topology = tmp_path / "racks.yaml"
+    topology.write_text(
+        "defaults: {cells: 1, cores_per_cell: 4, threads_per_core: 2}\n"
+        "hosts:\n  - {name: host1, labels: {rack: r1}}\n  - {name: host2, labels: {rack: r2}}\n"
+    )
+    own = start_cloud(tmp_path / "state", "--topology", str(topology))
     request.addfinalizer(lambda: stop_cloud(own))
     server = own.boot("evac-me", "--availability-zone", "nova:host1", flavor="m1.pinned")
     page = _log_in(browser, own, "admin", "stowage-admin", "admin")
+    # The what-if of its whole rack, before anything fails.
+    page.goto("/dashboard/capacity")
+    page.get_by_label("If this failed").select_option("rack=r1")
+    page.get_by_role("button", name="Show").click()
+    page.locator("#what-if").wait_for()
+    assert page.locator("#wi-title").inner_text() == "If rack=r1 failed"
+    row = page.locator("#what-if-instances tbody tr", has_text="evac-me")
+    assert row.locator("td").nth(2).inner_text() == "host2"
     page.goto("/dashboard/hosts/host1/evacuate")
     assert page.get_by_role("button", name="Start the evacuation").is_disabled()  # host1 is up
     take_down(own, ["host1"])

@@ -1,5 +1,5 @@
 """The rest of the server life cycle: the console log through the CLI, and what is not carried
-out yet (shelve, rescue, password, interface attach) refused as Nova refuses, never dropped."""
+out yet (rescue, password, interface attach) refused as Nova refuses, never dropped."""
 
 from __future__ import annotations
 
@@ -29,9 +29,8 @@ def test_console_log_and_the_refused_life_cycle_actions(cloud: RunningCloud) -> 
     assert log.strip() == full.strip().splitlines()[-1]
 
     for action, args, status in (
-        ("shelve", None, 501),
-        ("shelveOffload", None, 501),
-        ("unshelve", None, 501),
+        ("shelveOffload", None, 409),  # shelving offloads at once: never SHELVED
+        ("unshelve", None, 409),  # not shelved
         ("rescue", {}, 501),
         ("changePassword", {"adminPass": "x"}, 501),
         ("forceDelete", None, 409),

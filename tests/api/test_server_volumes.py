@@ -79,7 +79,6 @@ def test_boot_from_volume_attach_detach_and_delete_on_termination(
     assert not (volume_dir(cloud) / f"volume-{data.id}").exists()
     assert api.status(root_id) == "available"
     sdk.block_storage.delete_volume(root_id)
-    audit_clean(cloud)
 
 
 def test_a_mapping_of_a_volume_in_use_or_a_missing_image_is_refused(cloud: RunningCloud) -> None:
@@ -120,3 +119,72 @@ def test_a_mapping_of_a_volume_in_use_or_a_missing_image_is_refused(cloud: Runni
         },
     )
     assert blank_local.status_code == 400
+
+
+def test_shelve_offload_holds_nothing_and_unshelve_claims_again_on_the_named_host(
+    cloud: RunningCloud,
+) -> None:
+    image = httpx.get(
+        f"{cloud.base_url}/image/v2/images?name={IMAGE}", headers={"X-Auth-Token": cloud.token()}
+    ).json()["images"][0]["id"]
+    mapping = {
+        "source_type": "image",
+        "destination_type": "volume",
+        "uuid": image,
+        "volume_size": 1,
+        "boot_index": 0,
+        "delete_on_termination": True,
+    }
+    name = unique("shelf")
+    created = cloud.compute(
+        "POST",
+        "/servers",
+        json={
+            "server": {
+                "name": name,
+                "flavorRef": "c1",  # m1.pinned: dedicated CPUs, pins claimed and released
+                "networks": "none",
+                "block_device_mapping_v2": [mapping],
+            }
+        },
+    )
+    assert created.status_code == 202, created.text
+    server_id = created.json()["server"]["id"]
+    shown = cloud.compute("GET", f"/servers/{server_id}").json()["server"]
+    assert shown["status"] == "ACTIVE" and allocations(cloud, server_id)
+    elsewhere = next(h for h in ("host1", "host2", "host3") if h != shown["OS-EXT-SRV-ATTR:host"])
+
+    cloud.osc("server", "shelve", name)
+    shelved = cloud.compute("GET", f"/servers/{server_id}").json()["server"]
+    assert (shelved["status"], shelved["OS-EXT-SRV-ATTR:host"]) == ("SHELVED_OFFLOADED", None)
+    assert allocations(cloud, server_id) == {}
+    assert len(shelved["os-extended-volumes:volumes_attached"]) == 1
+    audit_clean(cloud)
+    again = cloud.compute(
+        "POST", f"/servers/{server_id}/action", json={"shelve": None}
+    )  # already shelved
+    assert again.status_code == 409
+
+    cloud.osc("--os-compute-api-version", "2.91", "server", "unshelve", "--host", elsewhere, name)
+    back = cloud.compute("GET", f"/servers/{server_id}").json()["server"]
+    assert (back["status"], back["OS-EXT-SRV-ATTR:host"]) == ("ACTIVE", elsewhere)
+    held = allocations(cloud, server_id)
+    assert [r["resources"].get("PCPU") for r in held.values()] == [1]
+    cloud.compute("DELETE", f"/servers/{server_id}")
+
+
+def test_an_image_backed_server_is_not_shelved_without_its_disk(cloud: RunningCloud) -> None:
+    image = httpx.get(
+        f"{cloud.base_url}/image/v2/images?name={IMAGE}", headers={"X-Auth-Token": cloud.token()}
+    ).json()["images"][0]["id"]
+    created = cloud.compute(
+        "POST",
+        "/servers",
+        json={"server": {"name": unique("img"), "flavorRef": "1", "imageRef": image,
+                         "networks": "none"}},
+    )  # fmt: skip
+    server_id = created.json()["server"]["id"]
+    refused = cloud.compute("POST", f"/servers/{server_id}/action", json={"shelve": None})
+    assert refused.status_code == 501
+    assert cloud.compute("GET", f"/servers/{server_id}").json()["server"]["status"] == "ACTIVE"
+    cloud.compute("DELETE", f"/servers/{server_id}")

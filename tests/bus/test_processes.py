@@ -200,3 +200,10 @@ def _assert_metrics_served(ports: dict[str, int], agent_host: str) -> None:
     agent = httpx.get(f"http://127.0.0.1:{ports[agent_host]}/metrics", timeout=10).text
     assert f'stowage_host_heartbeat_age_seconds{{host="{agent_host}"}}' in agent
     assert "stowage_reconcile_passes_total" in agent  # the agent's own registry beside it
+    # Its heartbeats and event loop, observed every few seconds: wait for a pass with samples.
+    lag = f'stowage_agent_loop_lag_seconds_count{{host="{agent_host}"}}'
+    deadline = time.monotonic() + 60
+    while lag not in agent and time.monotonic() < deadline:
+        time.sleep(0.5)
+        agent = httpx.get(f"http://127.0.0.1:{ports[agent_host]}/metrics", timeout=10).text
+    assert lag in agent

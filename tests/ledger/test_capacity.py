@@ -24,7 +24,7 @@ from stowage.ledger.schema import (
     pins,
 )
 from stowage.scheduling.framework import Request
-from stowage.services.capacity import CapacityReport, what_if_host_fails
+from stowage.services.capacity import CapacityReport, what_if_host_fails, what_if_hosts_fail
 from stowage.services.compute import shape_of_flavor
 from stowage.services.scheduler import Scheduler
 
@@ -209,3 +209,26 @@ def test_an_unknown_host_is_not_found(ledger: Ledger) -> None:
     register(ledger, "host1")
     with pytest.raises(NotFound):
         what_if_host_fails(ledger, "nope", [], FLAVORS, now=ledger.clock())
+
+
+def test_a_whole_rack_failing_plans_both_hosts_instances_together(ledger: Ledger) -> None:
+    """host1 and host2 (one rack) fail at once: an anti-affinity pair on them cannot both
+    land on host3, and nothing lands on the other failed host."""
+    register(ledger, "host1", "host2", "host3", "host4")
+    group = anti_affinity(ledger)
+    first = boot(ledger, "host1", TINY, group)
+    second = boot(ledger, "host2", TINY, group)
+    pinned = boot(ledger, "host2", PINNED4)
+    before = snapshot(ledger)
+
+    report = what_if_hosts_fail(
+        ledger, "rack=r1", ["host1", "host2"], [first, second, pinned], FLAVORS, now=ledger.clock()
+    )
+
+    assert report.host == "rack=r1" and report.fits, report.instances
+    placed = destinations(report)
+    assert {placed[first["id"]], placed[second["id"]]} == {"host3", "host4"}
+    assert placed[pinned["id"]] in {"host3", "host4"}
+    # Two hosts left, one of them holding the 4 pinned CPUs: 4 more fit, not 8.
+    assert room(report)["pinned"] == 4
+    assert snapshot(ledger) == before

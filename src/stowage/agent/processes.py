@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from stowage.agent.metrics import AgentMetrics
+from stowage.agent.metrics import AgentMetrics, AgentObserver, observe_agent
 from stowage.bus.base import Transport
 from stowage.domain.topology import HostSpec
 from stowage.ledger.db import NamedLock
@@ -89,6 +89,12 @@ async def run_conductor(cloud: Cloud, bus_url: str, stop: asyncio.Event) -> None
             await bus.close()
     finally:
         await asyncio.to_thread(lock.release)
+
+
+async def _observe(observer: AgentObserver, interval_s: float = 5.0) -> None:
+    while True:
+        observer.observe()
+        await asyncio.sleep(interval_s)
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:
@@ -172,10 +178,13 @@ async def run_agent(
     await server.serve()
     reconciler = make_reconciler(cloud, spec.name, server, metrics)
     task: asyncio.Task[Any] = asyncio.create_task(reconciler.run_forever(60.0))
+    # Heartbeat gaps and loop lag into the metrics, as `stowage up`'s agents export them.
+    observed = asyncio.create_task(_observe(observe_agent(metrics, spec.name, server.agent)))
     log.info("agent of %s serving", spec.name)
     try:
         await stop.wait()
     finally:
+        await _cancel(observed)
         await _cancel(task)
         await server.close()
         await bus.close()

@@ -23,14 +23,17 @@ from stowage.scheduling.pipeline import Pipeline
 from stowage.scheduling.view import View
 from stowage.services.cloud import Cloud
 from stowage.services.compute import shape_of_flavor
+from stowage.services.dashboard import host_labels
 
 __all__ = [
     "CapacityReport",
     "FlavorRoom",
     "InstancePlan",
+    "capacity_if_domain_fails",
     "capacity_if_host_fails",
     "evacuation_request",
     "what_if_host_fails",
+    "what_if_hosts_fail",
 ]
 
 # At most this many more instances are counted per flavor; more is reported as `capped`.
@@ -130,13 +133,32 @@ def what_if_host_fails(
 ) -> CapacityReport:
     """Plan `instances` (documents of the instances on `host`) as if `host` were gone, then
     count the room left per flavor (compute API flavor documents). Reads the ledger only."""
-    source_id = ledger.host_id(host)  # NotFound for an unknown host
+    return what_if_hosts_fail(
+        ledger, host, [host], instances, flavors, now=now, pipeline=pipeline, count_max=count_max
+    )
+
+
+def what_if_hosts_fail(
+    ledger: Ledger,
+    label: str,
+    failed: Sequence[str],
+    instances: Sequence[Mapping[str, Any]],
+    flavors: Sequence[Mapping[str, Any]],
+    *,
+    now: float,
+    pipeline: Pipeline | None = None,
+    count_max: int = FLAVOR_COUNT_MAX,
+) -> CapacityReport:
+    """`what_if_host_fails` for several hosts at once (a rack): all of them leave the view,
+    and all their instances are planned together; the report is named `label`."""
+    source_ids = {name: ledger.host_id(name) for name in failed}  # NotFound for an unknown one
     pipeline = pipeline or Pipeline(rng=random.Random(0))
     view = ledger.load_view()
-    view.remove_host(source_id)
-    plans = _plan_instances(pipeline, view, source_id, instances, now)
+    for host_id in source_ids.values():
+        view.remove_host(host_id)
+    plans = _plan_instances(pipeline, view, source_ids, instances, now)
     rooms = tuple(_room_for(pipeline, view, flavor, now, count_max) for flavor in flavors)
-    return CapacityReport(host, plans, rooms)
+    return CapacityReport(label, plans, rooms)
 
 
 def capacity_if_host_fails(cloud: Cloud, host: str) -> CapacityReport:
@@ -145,7 +167,23 @@ def capacity_if_host_fails(cloud: Cloud, host: str) -> CapacityReport:
         cloud.ledger.host_id(host)
     except NotFound:
         raise NotFound(f"Compute host {host} could not be found.") from None
-    instances = [d.body for d in cloud.objects.list("instance") if d.body.get("host") == host]
+    return _what_if(cloud, host, [host])
+
+
+def capacity_if_domain_fails(cloud: Cloud, label: str, value: str) -> CapacityReport:
+    """The what-if of a whole failure domain: every host whose `label` is `value` (a rack,
+    say: `rack`, `r1`), named `label=value` in the report."""
+    failed = [
+        name for name, labels in sorted(host_labels(cloud).items()) if labels.get(label) == value
+    ]
+    if not failed:
+        raise NotFound(f"No compute host has {label}={value}.")
+    return _what_if(cloud, f"{label}={value}", failed)
+
+
+def _what_if(cloud: Cloud, label: str, failed: Sequence[str]) -> CapacityReport:
+    gone = set(failed)
+    instances = [d.body for d in cloud.objects.list("instance") if d.body.get("host") in gone]
     flavors = sorted(
         (d.body for d in cloud.objects.list("flavor") if d.body.get("is_public", True)),
         key=lambda f: (int(f.get("ram", 0)), int(f.get("vcpus", 0)), str(f.get("name", ""))),
@@ -153,15 +191,15 @@ def capacity_if_host_fails(cloud: Cloud, host: str) -> CapacityReport:
     live = cloud.scheduler.pipeline
     # Same filters and weighers as the scheduler, with a generator of its own.
     pipeline = Pipeline(live.filters, live.weighers, rng=random.Random(0))
-    return what_if_host_fails(
-        cloud.ledger, host, instances, flavors, now=cloud.clock(), pipeline=pipeline
+    return what_if_hosts_fail(
+        cloud.ledger, label, failed, instances, flavors, now=cloud.clock(), pipeline=pipeline
     )
 
 
 def _plan_instances(
     pipeline: Pipeline,
     view: View,
-    source_id: int,
+    source_ids: Mapping[str, int],
     instances: Sequence[Mapping[str, Any]],
     now: float,
 ) -> tuple[InstancePlan, ...]:
@@ -171,6 +209,8 @@ def _plan_instances(
     index_of: list[int] = []
     for index, body in enumerate(instances):
         try:
+            # Its own failed host (the first when the document names none of them).
+            source_id = source_ids.get(str(body.get("host")), next(iter(source_ids.values())))
             request = evacuation_request(body, source_id)
         except StowageError as exc:
             plans[index] = _plan(body, None, f"its flavor cannot be scheduled: {exc}")

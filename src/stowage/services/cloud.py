@@ -83,6 +83,8 @@ class CloudConfig:
     # Block storage: the local-file backend's directory (None: `<state_dir>/volumes`; a path on
     # shared storage lets every host reach the same files) and its pool's capacity in GiB.
     volume_dir: Path | None = None
+    # Nova's reclaim_instance_interval: a delete soft-deletes for this long (0: immediate).
+    reclaim_instance_interval_s: float = 0.0
     volume_pool_gb: int = 1000
 
     @property

@@ -15,13 +15,16 @@ destination (`abort_dest`) as soon as that agent answers, ending `failed`: no st
 
 Steps per kind (the host each talks to in brackets):
 
-    build          spawn [dest]
+    build          spawn [dest]   (its new volumes driven first, each attached after)
     delete         destroy [host] -> claims released, instance gone
     cleanup        destroy [host]               (what is left on a host after a move or a
                                                  delete while that host was down)
     power          power [host]
     rebuild        destroy [host] -> spawn [host]
     snapshot       snapshot [host]
+    shelve         destroy [host] -> claims released, SHELVED_OFFLOADED (volume-backed)
+    volume-attach  attach_volume [host] -> attachment completed, or undone
+    volume-detach  detach_volume [host] -> attachment ended, or the volume in-use again
     live-migration prepare [dest] -> source_cleanup [source] -> completed
     evacuation     prepare [dest] -> done; a cleanup op for the (down) source
     migration      prepare [dest] -> finished (VERIFY_RESIZE)
@@ -98,6 +101,7 @@ class ConductorConfig:
     retry_max_s: float = 10.0
     concurrency_max: int = 64
     resize_confirm_window_s: float = 0.0  # 0: never confirm a resize automatically
+    reclaim_instance_interval_s: float = 0.0  # 0: deletes are immediate (no soft delete)
     live_migration_transfer_s: float = 0.0  # the simulated memory copy of a live migration
 
 
@@ -108,6 +112,7 @@ def conductor_config(cloud: Cloud) -> ConductorConfig:
         call_timeout_s=config.op_timeout_s,
         lease_s=config.lease_s,
         resize_confirm_window_s=config.resize_confirm_window_s,
+        reclaim_instance_interval_s=config.reclaim_instance_interval_s,
         live_migration_transfer_s=config.live_migration_s,
     )
 
@@ -198,6 +203,7 @@ class Conductor:
                 log.info("conductor %s resumes %d operation(s)", self.owner, taken)
         renewed_at = _monotonic()
         confirmed_at = _monotonic()
+        reclaimed_at = confirmed_at
         try:
             while True:
                 await self._lease_and_start()
@@ -210,6 +216,9 @@ class Conductor:
                 if self.config.resize_confirm_window_s > 0 and now - confirmed_at > 1.0:
                     confirmed_at = now
                     await asyncio.to_thread(self._auto_confirm)
+                if self.config.reclaim_instance_interval_s > 0 and now - reclaimed_at > 1.0:
+                    reclaimed_at = now
+                    await asyncio.to_thread(self._reclaim)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.config.poll_s):
                         await self._wake.wait()
@@ -593,6 +602,21 @@ class Conductor:
             cloud.ledger.release(op.instance_id, also=gone)
             for volume_id in doomed:
                 volume_service.drive(cloud, "volume", volume_id)
+        elif op.kind == "shelve":
+            from stowage.services.shelve import offloaded
+
+            # Offloaded: every claim of the server goes with the document that says so.
+            def shelved(conn: Connection) -> None:
+                found = cloud.objects.find_in(conn, "instance", op.instance_id)
+                if found is not None:
+                    after = offloaded(found.body)
+                    write_instance(cloud, op.instance_id, found.body, after, conn=conn)
+                self.ops.advance(conn, op.id, state="done", result=reply)
+
+            cloud.ledger.release(op.instance_id, forget=False, also=shelved)
+            doc = cloud.objects.find("instance", op.instance_id)
+            if doc is not None:
+                _event(cloud, op, doc.body, "Success", None)
         elif op.kind == "rebuild":
             self.ops.update(op.id, step="spawn")
         elif op.migration_id is not None:
@@ -632,6 +656,10 @@ class Conductor:
         if reply.get("ok"):
             status, vm_state, power = _AFTER_POWER[action]
             body.update(status=status, vm_state=vm_state, power_state=power, task_state=None)
+            if op.kind == "soft-delete":
+                from stowage.services.soft_delete import soft_deleted
+
+                body = soft_deleted(body, cloud.clock())
             if (body.get("fault") or {}).get("error_code") == "reconcile.missing_instance":
                 body["fault"] = None  # the vanished guest runs again
             state = "done"
@@ -952,6 +980,15 @@ class Conductor:
         _event(cloud, op, body, "Success" if op.kind == "revert" else "Error", reason or None)
 
     # -- periodic ------------------------------------------------------------------------
+
+    def _reclaim(self) -> None:
+        """Soft-deleted servers past reclaim_instance_interval are deleted for good."""
+        from stowage.services.soft_delete import reclaim
+
+        try:
+            reclaim(self.cloud, self.config.reclaim_instance_interval_s)
+        except Exception:
+            log.exception("reclaiming soft-deleted servers failed")
 
     def _auto_confirm(self) -> None:
         """Resizes left in VERIFY_RESIZE longer than the window are confirmed, as Nova does."""

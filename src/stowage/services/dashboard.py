@@ -3,6 +3,7 @@ their claims, groups, moves in flight, and a cheap marker of what changed. Reads
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -44,6 +45,7 @@ __all__ = [
     "cloud_status",
     "heartbeat_ages",
     "host_cards",
+    "host_labels",
     "migrations_in_flight",
     "server_claim",
     "server_groups",
@@ -105,8 +107,10 @@ class HostCard:
 
 
 def change_marker(cloud: Cloud) -> str:
-    """What a page polls: it changes when a claim, a release, an operation's step or a
-    migration's progress commits. Three indexed aggregates, no rows."""
+    """What a page polls: it changes when a claim or a release commits (the ledger's change
+    log), when an operation in flight takes a step, when a migration records progress, and
+    when a host's service goes up or down. Aggregates over indexed or small tables."""
+    down_before = cloud.clock() - cloud.config.service_down_time_s
     with cloud.ledger.engine.connect().execution_options(**READONLY) as conn, conn.begin():
         seq = conn.execute(select(func.coalesce(func.max(changes.c.seq), 0))).scalar_one()
         active = conn.execute(
@@ -116,10 +120,19 @@ def change_marker(cloud: Cloud) -> str:
         ).one()
         moved = conn.execute(
             select(func.count(), func.max(objects.c.updated_at)).where(
-                objects.c.kind.in_(("migration", "instance"))
+                objects.c.kind == "migration"
             )
         ).one()
-    return f"{seq}.{active[0]}.{active[1] or 0}.{moved[0]}.{moved[1] or 0}"
+        services = conn.execute(
+            select(hosts.c.id, hosts.c.forced_down, hosts.c.disabled, hosts.c.last_seen)
+        ).all()
+    states = "".join(
+        f"{'f' if forced else ''}{'d' if disabled else ''}"
+        f"{'u' if seen is not None and seen >= down_before else 'x'}"
+        for _, forced, disabled, seen in sorted(services)
+    )
+    digest = hashlib.sha256(states.encode()).hexdigest()[:12]
+    return f"{seq}.{active[0]}.{active[1] or 0}.{moved[0]}.{moved[1] or 0}.{digest}"
 
 
 def host_cards(cloud: Cloud) -> list[HostCard]:
@@ -320,7 +333,7 @@ def server_groups(cloud: Cloud, project_id: str | None) -> list[GroupView]:
     anti-affinity the room left per domain."""
     groups = list_groups(cloud, project_id)
     members = group_members_of(cloud, [g.id for g in groups])
-    labels = _host_labels(cloud)
+    labels = host_labels(cloud)
     where = _instance_hosts(cloud, [i for ids in members.values() for i in ids])
     out = []
     for group in groups:
@@ -354,7 +367,8 @@ def server_groups(cloud: Cloud, project_id: str | None) -> list[GroupView]:
     return out
 
 
-def _host_labels(cloud: Cloud) -> dict[str, dict[str, str]]:
+def host_labels(cloud: Cloud) -> dict[str, dict[str, str]]:
+    """Each host's labels (rack, ...), by host name."""
     with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
         rows = conn.execute(select(hosts.c.name, hosts.c.labels)).all()
     return {name: dict(json.loads(text or "{}")) for name, text in rows}

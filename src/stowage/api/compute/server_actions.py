@@ -52,12 +52,20 @@ async def extra_action(
         record_action(cloud, doc.id, "inject_network_info", ctx.user_id, ctx.project_id, rid)
         return Response(status_code=202)
     if action == "restore":
-        # Deletes are immediate here (Nova's reclaim_instance_interval = 0): nothing is ever
-        # soft-deleted, so there is never a server to restore.
-        raise ApiError(
-            409,
-            f"Cannot 'restore' instance {doc.id} while it is in vm_state {doc.body['vm_state']}",
-        )
+        # Only a SOFT_DELETED server (reclaim_instance_interval > 0) can be restored: 409 else.
+        from stowage.domain.errors import ConflictError
+        from stowage.services.soft_delete import restore_server
+
+        try:
+            await asyncio.to_thread(restore_server, cloud, doc.id, rid)
+        except ConflictError as exc:
+            raise ApiError(409, exc.message) from None
+        record_action(cloud, doc.id, "restore", ctx.user_id, ctx.project_id, rid)
+        if cloud.config.api_wait_s > 0:
+            await asyncio.to_thread(
+                cloud.operations.wait_instances, [doc.id], cloud.config.api_wait_s
+            )
+        return Response(status_code=202)
     if action == "createBackup":
         return await _backup(request, ctx, doc, args)
     if action == "os-getConsoleOutput":

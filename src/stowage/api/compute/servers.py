@@ -523,7 +523,12 @@ async def remove_server(request: Request, server_id: str) -> Response:
     doc = load_server(cloud, ctx, server_id)
     if doc.body.get("locked") and not ctx.is_admin:
         raise ApiError(409, f"Instance {server_id} is locked")
-    await asyncio.to_thread(delete_server, cloud, server_id)
+    if cloud.config.reclaim_instance_interval_s > 0 and doc.body.get("vm_state") != "soft-delete":
+        from stowage.services.soft_delete import soft_delete_server
+
+        await asyncio.to_thread(soft_delete_server, cloud, server_id, request.state.request_id)
+    else:
+        await asyncio.to_thread(delete_server, cloud, server_id)
     record_action(cloud, server_id, "delete", ctx.user_id, ctx.project_id, request.state.request_id)
     await settled(cloud, [server_id])
     return Response(status_code=204)
@@ -545,7 +550,15 @@ async def settled(cloud: Cloud, instance_ids: list[str]) -> None:
 
 _ADMIN_ACTIONS = {"os-resetState", "os-migrateLive", "migrate", "evacuate"}
 # Nova's @check_instance_lock: a locked server refuses these to anyone but an admin.
-_LOCK_CHECKED = {"resize", "confirmResize", "revertResize", "rebuild", "createBackup"}
+_LOCK_CHECKED = {
+    "resize",
+    "confirmResize",
+    "revertResize",
+    "rebuild",
+    "createBackup",
+    "shelve",
+    "unshelve",
+}
 # Nova's defaults: moving servers between hosts is for admins; resizing is for owners.
 
 
@@ -605,9 +618,13 @@ async def server_action(request: Request, server_id: str) -> Response:
         return await _rebuild(request, ctx, doc, args)
     if action in EXTRA_ACTIONS:
         return await extra_action(request, ctx, doc, action, args)
+    from stowage.api.compute.shelving import SHELVE_ACTIONS, shelve_action
     from stowage.api.compute.unsupported import UNSUPPORTED_ACTIONS, refuse_action
 
-    if action in UNSUPPORTED_ACTIONS or action == "forceDelete":
+    if action in SHELVE_ACTIONS:
+        return await shelve_action(request, ctx, doc, action, args)
+
+    if action in UNSUPPORTED_ACTIONS:
         refuse_action(doc, action, mv(request))
     raise ApiError(400, f"There is no such action: {action}")
 

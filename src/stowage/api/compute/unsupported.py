@@ -21,9 +21,6 @@ router = APIRouter()
 # Actions Nova has and this cloud's conductor does not drive yet: (status, why). 501 is
 # Nova's answer when the virt driver lacks the feature (common.raise_feature_not_supported).
 UNSUPPORTED_ACTIONS: dict[str, tuple[int, str]] = {
-    "shelve": (501, "Shelving servers is not supported by this cloud yet."),
-    "shelveOffload": (501, "Shelving servers is not supported by this cloud yet."),
-    "unshelve": (501, "Shelving servers is not supported by this cloud yet."),
     "rescue": (501, "Rescuing servers is not supported by this cloud's hypervisors yet."),
     "unrescue": (501, "Rescuing servers is not supported by this cloud's hypervisors yet."),
     "changePassword": (501, "Setting an admin password is not supported by this cloud's guests."),
@@ -34,15 +31,7 @@ UNSUPPORTED_ACTIONS: dict[str, tuple[int, str]] = {
 
 
 def refuse_action(doc: Document, action: str, version: Microversion) -> None:
-    """Raise the refusal of an unsupported action, or of forceDelete: with
-    reclaim_instance_interval 0 (deletes are immediate) no server is ever SOFT_DELETED, and
-    Nova answers 409 to forceDelete of any other."""
-    if action == "forceDelete":
-        raise ApiError(
-            409,
-            f"Cannot 'forceDelete' instance {doc.id} while it is in vm_state "
-            f"{doc.body['vm_state']}",
-        )
+    """Raise the refusal of an unsupported action."""
     if action in ("addFixedIp", "removeFixedIp") and version >= (2, 44):
         raise ApiError(404, "The resource could not be found.")
     status, why = UNSUPPORTED_ACTIONS[action]

@@ -24,7 +24,7 @@ from stowage.api.common import Context
 from stowage.api.dashboard import session
 from stowage.domain.errors import ConflictError, NotFound, StowageError
 from stowage.services import dashboard as reads
-from stowage.services.capacity import capacity_if_host_fails
+from stowage.services.capacity import capacity_if_domain_fails, capacity_if_host_fails
 from stowage.services.cloud import Cloud
 from stowage.services.migrations import evacuate_host, move
 
@@ -495,14 +495,23 @@ def evacuate(request: Request, cloud: Cloud, ctx: Context) -> Response:
 
 
 def capacity_page(request: Request, cloud: Cloud, ctx: Context) -> Response:
+    """`?fail=HOST`, or `?fail=LABEL=VALUE` for a whole failure domain (a rack)."""
     hosts = [card.host.name for card in reads.host_cards(cloud)]
-    host = request.query_params.get("host", "")
+    domains = sorted(
+        {f"{k}={v}" for labels in reads.host_labels(cloud).values() for k, v in labels.items()}
+    )
+    target = request.query_params.get("fail", "")
     report = None
-    if host:
-        try:
-            report = capacity_if_host_fails(cloud, host)
-        except NotFound as exc:
-            raise _Refused(404, exc.message) from None
+    try:
+        if target in hosts:
+            report = capacity_if_host_fails(cloud, target)
+        elif "=" in target:
+            label, value = target.split("=", 1)
+            report = capacity_if_domain_fails(cloud, label, value)
+        elif target:
+            raise NotFound(f"Compute host {target} could not be found.")
+    except NotFound as exc:
+        raise _Refused(404, exc.message) from None
     return _render(
         request,
         "capacity.html",
@@ -510,7 +519,8 @@ def capacity_page(request: Request, cloud: Cloud, ctx: Context) -> Response:
         title="Capacity what-if",
         page="capacity",
         hosts=hosts,
-        host=host,
+        domains=domains,
+        target=target,
         report=report,
     )
 

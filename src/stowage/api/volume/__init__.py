@@ -14,6 +14,7 @@ from stowage.api.volume import resources, volumes
 from stowage.api.volume.microversion import MAX_VERSION, MIN_VERSION, install_microversions
 from stowage.services.cloud import Cloud
 from stowage.services.volumes import register_pool
+from stowage.services.volumes import volumes as volume_service
 
 __all__ = ["create_volume_app"]
 
@@ -51,6 +52,9 @@ async def version(request: Request) -> JSONResponse:
 
 def create_volume_app(cloud: Cloud) -> FastAPI:
     register_pool(cloud)
+    # Volumes and snapshots a dead process left creating, extending or deleting: driven to
+    # their end in the volume workers (each step is idempotent).
+    volume_service.submit_resume(cloud)
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     app.state.cloud = cloud
     install_microversions(app)

@@ -491,3 +491,62 @@ async def services(request: Request, project_id: str) -> JSONResponse:
             row["backend_state"] = "up"
         out.append(row)
     return JSONResponse({"services": out})
+
+
+@router.get("/scheduler-stats/get_pools")
+async def get_pools(request: Request, project_id: str) -> JSONResponse:
+    """The backend pools with their capacity, as the ledger holds it (admin only)."""
+    ctx = context(request, project_id)
+    _admin(ctx, "scheduler_extension:scheduler_stats:get_pools")
+    cloud = cloud_of(request)
+    from stowage.services.volumes import pool_host
+    from stowage.services.volumes.volumes import pools
+
+    detail = request.query_params.get("detail", "").lower() in ("true", "1")
+    out = []
+    for pool in pools(cloud):
+        row: dict[str, Any] = {"name": pool_host(cloud)}
+        if detail:
+            row["capabilities"] = {
+                "pool_name": pool.name,
+                "volume_backend_name": pool.backend,
+                "storage_protocol": "local",
+                "total_capacity_gb": pool.total_gb,
+                "free_capacity_gb": pool.free_gb,
+                "allocated_capacity_gb": pool.used_gb,
+                "reserved_percentage": 0,
+                "max_over_subscription_ratio": pool.allocation_ratio,
+                "thin_provisioning_support": False,
+                "thick_provisioning_support": True,
+                "multiattach": True,
+            }
+        out.append(row)
+    return JSONResponse({"pools": out})
+
+
+# Cinder's resources this cloud does not have: refused (501), not answered as unknown paths.
+_NOT_HERE = {
+    "backups": "Volume backups",
+    "groups": "Volume groups",
+    "group_types": "Volume group types",
+    "group_snapshots": "Volume group snapshots",
+    "os-volume-transfer": "Volume transfers",
+    "volume-transfers": "Volume transfers",
+    "qos-specs": "QoS specs",
+    "manageable_volumes": "Managing existing volumes",
+    "manageable_snapshots": "Managing existing snapshots",
+    "os-volume-manage": "Managing existing volumes",
+    "os-snapshot-manage": "Managing existing snapshots",
+    "messages": "User messages",
+    "consistencygroups": "Consistency groups",
+    "cgsnapshots": "Consistency group snapshots",
+}
+
+
+@router.api_route("/{resource}", methods=["GET", "POST"])
+@router.api_route("/{resource}/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
+async def not_here(request: Request, project_id: str, resource: str, rest: str = "") -> Response:
+    context(request, project_id)
+    if resource in _NOT_HERE:
+        raise ApiError(501, f"{_NOT_HERE[resource]} are not supported by this cloud.")
+    raise ApiError(404, "The resource could not be found.")

@@ -24,8 +24,10 @@ from stowage.domain.errors import ConflictError, NotFound
 from stowage.ledger.objects import Document
 from stowage.ledger.schema import objects
 from stowage.ledger.storage import (
+    PoolUsage,
     StorageCapacityExceeded,
     claim_storage,
+    pool_usage,
     release_storage,
     resize_storage,
 )
@@ -56,8 +58,10 @@ __all__ = [
     "find_type",
     "get_snapshot",
     "get_volume",
+    "pools",
     "resume",
     "submit",
+    "submit_resume",
     "update_snapshot",
     "update_volume",
     "volume_usage",
@@ -556,6 +560,10 @@ def submit(cloud: Cloud, kind: str, doc_id: str) -> Future[None]:
     return _WORKERS.submit(drive, cloud, kind, doc_id)
 
 
+def submit_resume(cloud: Cloud) -> Future[int]:
+    return _WORKERS.submit(resume, cloud)
+
+
 def resume(cloud: Cloud) -> int:
     """Drive every volume and snapshot left in a transitional status (after a crash)."""
     count = 0
@@ -697,3 +705,11 @@ def _matches(doc: Document, filters: Mapping[str, Any]) -> bool:
         elif str(doc.body.get(key)) != str(wanted):
             return False
     return True
+
+
+def pools(cloud: Cloud) -> list[PoolUsage]:
+    """The storage pools and their usage, from the ledger."""
+    from stowage.ledger.db import READONLY
+
+    with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
+        return pool_usage(conn)

@@ -35,6 +35,11 @@
     });
   }
 
+  function editing() {
+    var el = document.activeElement;
+    return !!el && main.contains(el) && /^(INPUT|SELECT|TEXTAREA)$/.test(el.tagName);
+  }
+
   function poll() {
     if (busy) { return; }
     busy = true;
@@ -44,7 +49,11 @@
       if (!body) { status.textContent = "live updates paused"; return null; }
       skew = body.now - Date.now() / 1000;
       status.textContent = "live";
-      if (marker !== null && body.marker !== marker) { marker = body.marker; return refresh(); }
+      if (marker !== null && body.marker !== marker) {
+        if (editing()) { return null; }  // not under the user's hands: next poll
+        marker = body.marker;
+        return refresh();
+      }
       marker = body.marker;
       return null;
     }).catch(function () {
