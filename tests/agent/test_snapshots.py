@@ -110,6 +110,21 @@ def test_a_snapshot_cut_off_by_an_agent_crash_ends_its_image(
     drivers[host].adopt(vm, {})  # the guest, on this scenario's own hypervisor
     drivers[host].inject("read_disk", "read", FaultKind.HANG)
 
+    uploads: list[Any] = []
+    sink = make_upload_sink(cloud)
+
+    async def recorded(image: str, payload: dict[str, Any]) -> Any:
+        upload = await sink(image, payload)
+        uploads.append(upload)
+        return upload
+
+    def close_files() -> None:
+        """What a dead process had open, the OS closes: the upload it never finished."""
+        for upload in uploads:
+            file = getattr(getattr(upload, "_upload", None), "_file", None)
+            if file is not None:
+                file.close()
+
     async def agent(routes: _Routes, name: str) -> AgentServer:
         transport = InProcTransport()
         server = AgentServer(
@@ -117,7 +132,7 @@ def test_a_snapshot_cut_off_by_an_agent_crash_ends_its_image(
             drivers[name],
             transport,
             lambda: cloud.ledger.heartbeat([name]),
-            image_sink=make_upload_sink(cloud),
+            image_sink=recorded,
         )
         await server.serve()
         routes.hosts[name] = transport
@@ -133,6 +148,7 @@ def test_a_snapshot_cut_off_by_an_agent_crash_ends_its_image(
             # The agent process dies in the middle of the upload...
             await routes.hosts.pop(host).close()
             await servers[host].agent.stop(grace_s=0.0)
+            close_files()
             drivers[host].clear_faults()
             if then == "deleted":
                 await asyncio.to_thread(delete_server, cloud, vm)
