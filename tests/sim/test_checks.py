@@ -67,3 +67,21 @@ def test_an_unfinished_migration_is_found(subject: checks.Subject) -> None:
     subject.errors.append("request #1: error KeyError")
     found = {v.check for v in checks.check_all(subject)}
     assert {"migration.open", "api.unexpected_error"} <= found
+
+
+def test_an_image_nothing_fills_and_a_server_without_its_guest_are_found(
+    subject: checks.Subject,
+) -> None:
+    subject.cloud.objects.create("image", "snap", {"name": "snap", "status": "saving"})
+    _instance(subject, "gone", status="ACTIVE", task_state=None, host="host1", power_state=1)
+    found = {v.check for v in checks.check_all(subject)}
+    assert {"image.stuck", "server.running_without_guest", "hypervisor.missing_guest"} <= found
+
+
+def test_a_guest_the_reconciler_recorded_as_vanished_is_no_violation(
+    subject: checks.Subject,
+) -> None:
+    fault = {"error_code": "reconcile.missing_instance", "code": 500, "message": "gone"}
+    _instance(subject, "gone", status="SHUTOFF", host="host1", power_state=0, fault=fault)
+    found = {v.check for v in checks.check_all(subject)}
+    assert not found & {"server.running_without_guest", "hypervisor.missing_guest"}

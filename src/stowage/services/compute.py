@@ -592,8 +592,11 @@ def _delete_once(cloud: Cloud, instance_id: str) -> bool:
     def overtake(conn: Connection) -> None:
         # A delete overtakes the instance's other operations; each place it might be is
         # cleaned, a destination with its migration's claims.
+        from stowage.services.images import end_snapshot_in
+
         for op in pending:
             ops.advance(conn, op.id, state="failed", result={"error": "deleted"})
+            end_snapshot_in(cloud, conn, op)
         for move in moves:
             _end_move_on_delete(cloud, conn, instance_id, move)
         for other in sorted(hosts_touched - {host} - {m.dest for m in moves if m.dest}):
@@ -821,24 +824,28 @@ def snapshot_server(
     if not body.get("host"):
         raise ConflictError(f"Instance {instance_id} has no host to take a snapshot on.")
     base = images.find_image(cloud, body.get("image_id") or "") or {}
-    created = images.create_image(
-        cloud,
-        caller,
-        {
-            "name": name,
-            "disk_format": base.get("disk_format") or "raw",
-            "container_format": base.get("container_format") or "bare",
-            "visibility": "private",
-            "image_type": "snapshot",
-            "instance_uuid": instance_id,
-            "base_image_ref": body.get("image_id") or "",
-            "owner_project_name": "",
-            **{k: str(v) for k, v in metadata.items()},
-        },
-    )
     before = dict(body)
     body["task_state"] = "image_uploading"
+    # One unit of work: the queued image, the instance's task state and the operation that
+    # fills the image commit together, so a refused request or a crash leaves no image that
+    # nothing will ever fill.
     with cloud.ledger.engine.begin() as conn:
+        created = images.create_image(
+            cloud,
+            caller,
+            {
+                "name": name,
+                "disk_format": base.get("disk_format") or "raw",
+                "container_format": base.get("container_format") or "bare",
+                "visibility": "private",
+                "image_type": "snapshot",
+                "instance_uuid": instance_id,
+                "base_image_ref": body.get("image_id") or "",
+                "owner_project_name": "",
+                **{k: str(v) for k, v in metadata.items()},
+            },
+            conn=conn,
+        )
         take_instance(cloud, conn, instance_id, before, body, "createImage")
         cloud.operations.enqueue(
             "snapshot",

@@ -54,7 +54,6 @@ from stowage.domain.topology import ResourceClass
 from stowage.ledger.db import READONLY
 from stowage.ledger.operations import Operation, OperationEnded, Operations
 from stowage.ledger.schema import allocations, consumers, hosts, numa_claims, pins
-from stowage.services.caller import SystemCaller
 from stowage.services.cloud import Cloud
 from stowage.services.guest_spec import guest_payload
 from stowage.services.instances import write_instance
@@ -344,8 +343,11 @@ class Conductor:
         self.ops.let_go(self.owner, op.id)
 
     def _give_up(self, op: Operation, why: str) -> None:
+        from stowage.services.images import end_snapshot_in
+
         with contextlib.suppress(OperationEnded), self.cloud.ledger.engine.begin() as conn:
             self.ops.advance(conn, op.id, state="failed", result={"error": why})
+            end_snapshot_in(self.cloud, conn, op)
 
     async def _call(
         self, op: Operation, method: str, payload: dict[str, Any], *, suffix: str = ""
@@ -674,13 +676,9 @@ class Conductor:
         await asyncio.to_thread(self._snapshotted, op, reply)
 
     def _snapshotted(self, op: Operation, reply: Reply) -> None:
-        cloud = self.cloud
-        if not reply.get("ok"):
-            from stowage.services import images
+        from stowage.services.images import end_snapshot_in
 
-            # Never a half-written snapshot: the image goes with the failed upload.
-            with contextlib.suppress(NotFound):
-                images.delete_image(cloud, SystemCaller(), str(op.payload["image_id"]))
+        cloud = self.cloud
         doc = cloud.objects.find("instance", op.instance_id)
         with cloud.ledger.engine.begin() as conn:
             if doc is not None:
@@ -691,6 +689,10 @@ class Conductor:
             self.ops.advance(
                 conn, op.id, state="done" if reply.get("ok") else "failed", result=reply
             )
+            if not reply.get("ok"):
+                # Never a half-written snapshot: the image goes with the failed upload, in the
+                # commit that ends the operation.
+                end_snapshot_in(cloud, conn, op)
 
     # -- moves ---------------------------------------------------------------------------
 

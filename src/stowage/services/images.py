@@ -29,7 +29,10 @@ from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageE
 from stowage.services.caller import Caller, SystemCaller
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
     from stowage.ledger.objects import Document
+    from stowage.ledger.operations import Operation
     from stowage.services.cloud import Cloud
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "create_image",
     "data_of",
     "delete_image",
+    "end_snapshot_in",
     "find_image",
     "get_image",
     "image_file",
@@ -387,8 +391,11 @@ def _validated_property(key: str, value: Any) -> str:
 # -- create, update, delete -------------------------------------------------------------------
 
 
-def create_image(cloud: Cloud, caller: Caller, request: Mapping[str, Any]) -> dict[str, Any]:
-    """A new queued image from a glance create body; every field is checked before any write."""
+def create_image(
+    cloud: Cloud, caller: Caller, request: Mapping[str, Any], *, conn: Connection | None = None
+) -> dict[str, Any]:
+    """A new queued image from a glance create body; every field is checked before any write.
+    With `conn`, the image is written in the caller's transaction (a snapshot's use case)."""
     if not isinstance(request, Mapping):
         raise ImageInvalid("Request body must be a JSON object.")
     now = _iso(cloud.clock())
@@ -433,7 +440,14 @@ def create_image(cloud: Cloud, caller: Caller, request: Mapping[str, Any]) -> di
     if len(properties) > PROPERTIES_MAX:
         raise ImageError(f"Maximum number of properties exceeded: {PROPERTIES_MAX}", status=413)
     try:
-        cloud.objects.create("image", image_id, body, project_id=body["owner"], name=body["name"])
+        if conn is None:
+            cloud.objects.create(
+                "image", image_id, body, project_id=body["owner"], name=body["name"]
+            )
+        else:
+            cloud.objects.create_in(
+                conn, "image", image_id, body, project_id=body["owner"], name=body["name"]
+            )
     except ConflictError:
         raise ImageConflict(f"Image with identifier {image_id} already exists!") from None
     return body
@@ -480,6 +494,18 @@ def delete_image(cloud: Cloud, caller: Caller, image_id: str) -> None:
         raise ImageForbidden(f"Image {image_id} is protected and cannot be deleted.")
     cloud.objects.delete("image", image_id)
     image_file(cloud, image_id).unlink(missing_ok=True)
+
+
+def end_snapshot_in(cloud: Cloud, conn: Connection, op: Operation) -> None:
+    """A snapshot operation ends without its image (it failed, a delete or an evacuation
+    overtook it, its agent died under the upload): the image goes, in the transaction that
+    ends the operation, as Nova deletes a failed snapshot's image. An upload still running
+    somewhere finds it gone when it commits (410) and keeps nothing."""
+    if op.kind != "snapshot":
+        return
+    doc = cloud.objects.find_in(conn, "image", str(op.payload.get("image_id") or ""))
+    if doc is not None and doc.body.get("status") in ("queued", "saving"):
+        cloud.objects.delete_in(conn, "image", doc.id)
 
 
 def add_tag(cloud: Cloud, caller: Caller, image_id: str, tag: str) -> None:

@@ -179,10 +179,13 @@ def _start(
     body.update(status=moving_status, task_state=task)
 
     def write(conn: Connection) -> None:
+        from stowage.services.images import end_snapshot_in
+
         for op in stale:
             cloud.operations.advance(
                 conn, op.id, state="failed", result={"error": "superseded by evacuation"}
             )
+            end_snapshot_in(cloud, conn, op)
         take_instance(cloud, conn, instance_id, doc.body, body, migration_type)
         cloud.objects.create_in(conn, "migration", migration_id, record, project_id=project_id)
         record_action(

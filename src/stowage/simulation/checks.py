@@ -21,11 +21,13 @@ from stowage.ledger.objects import Document
 from stowage.ledger.schema import consumers, hosts, pins
 from stowage.services.cloud import Cloud
 from stowage.services.migrations import ENDED
+from stowage.services.reconcile import NOSTATE, DivergenceKind
 from stowage.virt.sim import SimDriver
 
 __all__ = ["CHECKS", "Subject", "Violation", "check_all"]
 
 SETTLED_STATUSES = frozenset({"ACTIVE", "SHUTOFF", "ERROR", "PAUSED", "SUSPENDED"})
+RUNNING = 1  # Nova's power state
 
 
 @dataclass(slots=True)
@@ -223,9 +225,43 @@ def check_groups(s: Subject) -> list[Violation]:
     return out
 
 
-def check_hypervisors_match_ledger(s: Subject) -> list[Violation]:
-    """Each hypervisor runs exactly what the ledger places there, on the ledger's pCPUs."""
+def _vanished(body: Mapping[str, Any]) -> bool:
+    """The reconciler put the instance into Nova's state for a guest that is gone: no power
+    state, not ACTIVE, with the divergence as its fault."""
+    fault = body.get("fault") or {}
+    return (
+        body.get("power_state") == NOSTATE
+        and body.get("status") != "ACTIVE"
+        and fault.get("error_code") == DivergenceKind.MISSING_INSTANCE.code
+    )
+
+
+def check_servers_show_their_guests(s: Subject) -> list[Violation]:
+    """No server shows ACTIVE (or power state Running) on a host whose hypervisor does not
+    run its guest: once the reconciler passed, a vanished guest shows as Nova shows it."""
     out = []
+    for doc in s.instances():
+        body = doc.body
+        host = body.get("host")
+        driver = s.drivers.get(str(host))
+        if driver is None or doc.id in driver.running():
+            continue
+        if body.get("status") == "ACTIVE" or body.get("power_state") == RUNNING:
+            out.append(
+                Violation(
+                    "server.running_without_guest",
+                    f"{doc.id} shows {body.get('status')}/power state "
+                    f"{body.get('power_state')} on {host}, whose hypervisor does not run it",
+                )
+            )
+    return out
+
+
+def check_hypervisors_match_ledger(s: Subject) -> list[Violation]:
+    """Each hypervisor runs exactly what the ledger places there, on the ledger's pCPUs; an
+    instance whose guest vanished may lack it once the reconciler recorded so."""
+    out = []
+    vanished = {d.id for d in s.instances() if _vanished(d.body)}
     placed: dict[str, set[str]] = defaultdict(set)
     for doc in s.instances():
         if doc.body.get("host"):
@@ -247,7 +283,7 @@ def check_hypervisors_match_ledger(s: Subject) -> list[Violation]:
                     f"{host} runs {instance_id}, which the ledger does not place there",
                 )
             )
-        for instance_id in sorted(placed[host] - set(running)):
+        for instance_id in sorted(placed[host] - set(running) - vanished):
             out.append(
                 Violation(
                     "hypervisor.missing_guest",
@@ -278,6 +314,20 @@ def check_ports(s: Subject) -> list[Violation]:
     return out
 
 
+def check_images_settled(s: Subject) -> list[Violation]:
+    """No image waits for data that nothing will send: once every operation is terminal, a
+    snapshot's image is active, or it was killed or deleted with its failed upload."""
+    return [
+        Violation(
+            "image.stuck",
+            f"image {doc.id} ({doc.body.get('name')}) of {doc.body.get('instance_uuid')} is "
+            f"{doc.body.get('status')}",
+        )
+        for doc in s.cloud.objects.list("image")
+        if doc.body.get("status") in ("queued", "saving")
+    ]
+
+
 def check_no_unexpected_errors(s: Subject) -> list[Violation]:
     """A use case refuses with a domain error (a 4xx) or does its work; nothing else (a 500)."""
     return [Violation("api.unexpected_error", e) for e in s.errors]
@@ -293,7 +343,9 @@ CHECKS: list[Callable[[Subject], list[Violation]]] = [
     check_pcpus_not_shared,
     check_groups,
     check_hypervisors_match_ledger,
+    check_servers_show_their_guests,
     check_ports,
+    check_images_settled,
     check_no_unexpected_errors,
 ]
 

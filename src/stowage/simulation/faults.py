@@ -29,6 +29,9 @@ class FaultKind(StrEnum):
     BUS_REORDER = "bus-reorder"  # a request is held back, so later ones overtake it
     BUS_LATE = "bus-late"  # held back or duplicated past the caller's timeout (stale delivery)
     AGENT_CRASH = "agent-crash"  # an agent process dies and restarts (its guests stay)
+    # An agent process restarts with an empty hypervisor view, as `stowage agent --driver sim`
+    # does: its guests are gone, and it restores them from the ledger before it serves.
+    AGENT_FORGETS = "agent-forgets"
     HOST_DOWN = "host-down"  # an agent stops (no heartbeat, no work) past service_down_time
     DRIVER_FAULT = "driver-fault"  # a hypervisor step fails or crashes the agent
     SLOW_DISK = "slow-disk"  # hypervisor steps and disk reads take (virtual) seconds

@@ -38,7 +38,9 @@ import greenlet
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.util import LRUCache
 
-from stowage.agent.local import make_upload_sink
+from stowage.agent.local import make_reconciler, make_upload_sink, restore_guests
+from stowage.agent.metrics import AgentMetrics
+from stowage.agent.reconciler import Reconciler
 from stowage.agent.runtime import AgentConfig
 from stowage.agent.server import AgentServer
 from stowage.domain.errors import StowageError
@@ -64,6 +66,9 @@ log = logging.getLogger(__name__)
 
 QUOTA_INSTANCES = 8
 SERVICE_DOWN_S = 40.0
+# Each agent's reconciler, on the virtual clock: more often than production's 60 s, so that a
+# one-minute workload sees its decisions taken under faults.
+RECONCILE_INTERVAL_S = 20.0
 FLAVORS = ("1", "2", "c1")  # m1.tiny, m1.small, m1.pinned
 
 
@@ -478,11 +483,27 @@ class _Agent:
         self.endpoint: Endpoint | None = None
         self.restart: asyncio.TimerHandle | None = None
         self.uploads: list[Any] = []
+        self.reconciler: Reconciler | None = None
+        self.reconciling: asyncio.Task[None] | None = None
+        self.forgot = False  # the hypervisor view is new and empty: restore before serving
+        self.restore_fails = 0  # how many guests the restore fails to bring back
 
     async def start(self) -> None:
         w = self.world
         cloud = w.agents_cloud
         host = self.host
+        if self.forgot:
+            # As `stowage agent --driver sim` does on start: what the ledger places here runs
+            # again before the agent serves (agent/processes.py run_agent). The seed may make
+            # some of it fail to come back: the reconciler then puts those servers into
+            # Nova's state for a vanished guest.
+            self.forgot = False
+            if self.restore_fails:
+                self.driver.inject("spawn", "create_disk", DriverFault.FAIL, self.restore_fails)
+            restored = await asyncio.to_thread(restore_guests, cloud, host, self.driver)
+            if self.restore_fails:
+                self.driver.clear_faults()
+            w.trace(f"agent {host} restored {sorted(restored)}")
         self.endpoint = w.bus.endpoint()
 
         def beat() -> None:
@@ -504,7 +525,32 @@ class _Agent:
             clock=w.clock,
         )
         await self.server.serve()
+        self.reconciler = make_reconciler(cloud, host, self.server, AgentMetrics.create())
+        self.reconciling = asyncio.get_running_loop().create_task(
+            self._reconcile_forever(self.server, self.reconciler), name=f"reconcile-{host}"
+        )
         w.trace(f"agent {host} started")
+
+    async def _reconcile_forever(self, server: AgentServer, reconciler: Reconciler) -> None:
+        """The agent's periodic audit (production's `run_forever`), paused while the agent is
+        stopped (a stopped service runs no periodic task)."""
+        while True:
+            await asyncio.sleep(RECONCILE_INTERVAL_S)
+            if server.running:
+                await self.reconcile(reconciler)
+
+    async def reconcile(self, reconciler: Reconciler | None = None) -> None:
+        reconciler = reconciler or self.reconciler
+        if reconciler is None:
+            return
+        try:
+            report = await reconciler.run_once()
+        except Crash:
+            return
+        for d in report.divergences:
+            self.world.trace(f"reconcile {self.host} {d.kind.value} {d.instance_id}")
+        if report.error:
+            self.world.trace(f"reconcile {self.host} error {report.error[:120]}")
 
     def _sink(self, cloud: Cloud) -> Any:
         base = make_upload_sink(cloud)
@@ -524,14 +570,42 @@ class _Agent:
                 file.close()
         self.uploads.clear()
 
-    async def crash(self, restart_in: float | None) -> None:
+    def _forget(self, restore_fails: int = 0) -> None:
+        """The simulated hypervisor lived in the dead process: a new one starts empty, on the
+        same disk directory and with the same (slow) disk."""
+        old = self.driver
+        old.release_hangs()
+        self.driver = SimDriver(
+            SimConfig(
+                disk_bytes=old.config.disk_bytes,
+                seed=old.config.seed,
+                slow_disk_s=old.config.slow_disk_s,
+                step_latency_s=dict(old.config.step_latency_s),
+            ),
+            disk_dir=old.disk_dir,
+            sleep=self.world.clock.sleep,
+        )
+        self.world.drivers[self.host] = self.driver
+        self.forgot = True
+        self.restore_fails = restore_fails
+
+    async def crash(
+        self, restart_in: float | None, *, forget: bool = False, restore_fails: int = 0
+    ) -> None:
         server, endpoint = self.server, self.endpoint
         self.server = self.endpoint = None
+        reconciling, self.reconciling, self.reconciler = self.reconciling, None, None
+        if reconciling is not None:
+            reconciling.cancel()
+            with contextlib.suppress(BaseException):
+                await reconciling
         if endpoint is not None:
             await endpoint.close()
         if server is not None:
             await server.agent.stop(grace_s=0.0)
         self._close_files()
+        if forget:
+            self._forget(restore_fails)
         if restart_in is not None:
             loop = asyncio.get_running_loop()
             self.restart = loop.call_later(restart_in, lambda: loop.create_task(self._back()))
@@ -566,6 +640,7 @@ class _World:
         self.config = _config(state, cfg.hosts)
         self.bus = FaultyBus(self.schedule, self.trace)
         self.agents_cloud = _open(url, self.config, self.clock)
+        self.agents_cloud.kick = self.kick  # the reconciler's reaping hands the conductor work
         self.drivers = {
             spec.name: SimDriver(
                 SimConfig(disk_bytes=8192, seed=cfg.seed),
@@ -624,9 +699,18 @@ class _World:
             (FaultKind.HOST_DOWN, rng.choice((0, 1))),
             (FaultKind.DRIVER_FAULT, rng.choice((0, 1, 3))),
             (FaultKind.SLOW_DISK, rng.choice((0, 1))),
+            # Drawn only when enabled, so that other fault sets keep their schedules.
+            (
+                FaultKind.AGENT_FORGETS,
+                rng.choice((0, 1, 1)) if s.on(FaultKind.AGENT_FORGETS) else 0,
+            ),
         ):
+            # With evacuations on, a host goes down early enough for clients to evacuate it
+            # (past service_down_time) while the workload still runs.
+            early = kind is FaultKind.HOST_DOWN and s.on(FaultKind.EVACUATE)
+            span = cfg.workload_s / 4 if early else cfg.workload_s
             if s.on(kind):
-                events += [(rng.uniform(0, cfg.workload_s), kind) for _ in range(count)]
+                events += [(rng.uniform(0, span), kind) for _ in range(count)]
         for at, kind in sorted(events):
             await asyncio.sleep(max(0.0, at - (self.clock.now - EPOCH)))
             host = rng.choice(sorted(self.agents))
@@ -635,6 +719,15 @@ class _World:
                 back = rng.choice((1.0, 5.0, 15.0))
                 s.note(kind, f"agent {host} dies at {at:.1f} s, back {back} s later")
                 await agent.crash(back)
+            elif kind is FaultKind.AGENT_FORGETS and agent.server is not None:
+                back = rng.choice((1.0, 5.0, 15.0))
+                fails = rng.choice((0, 0, 1, 2))
+                s.note(
+                    kind,
+                    f"agent {host} restarts at {at:.1f} s with no guests, back {back} s later, "
+                    f"{fails} of them failing to come back",
+                )
+                await agent.crash(back, forget=True, restore_fails=fails)
             elif kind is FaultKind.HOST_DOWN and agent.server is not None and not self.down:
                 span = rng.choice((60.0, 120.0))
                 s.note(kind, f"agent {host} stops at {at:.1f} s for {span} s")
@@ -675,6 +768,16 @@ class _World:
             await agent.ensure_running()
         await self.conductor.ensure_running()
         deadline = self.clock.now + self.cfg.settle_s
+        await self._quiesce(deadline)
+        # Then each agent's reconciler has its periodic pass, on a quiet system: what it finds
+        # (a guest the ledger does not place, a guest that vanished) it settles, and the
+        # conductor drives the clean-ups it asks for to their end.
+        for host in sorted(self.agents):
+            await self.agents[host].reconcile()
+        await self._quiesce(deadline)
+        self.trace("settled")
+
+    async def _quiesce(self, deadline: float) -> None:
         cloud = self.api.cloud
         while self.clock.now < deadline:
             await asyncio.sleep(5.0)
@@ -689,7 +792,6 @@ class _World:
             self.kick()
             if not waiting and not cloud.operations.active():
                 break
-        self.trace("settled")
 
     # -- the workload -----------------------------------------------------------------
 
@@ -786,13 +888,16 @@ class _World:
         }
         if self.schedule.on(FaultKind.DELETE_MOVING) or not (moving or conflicting or iid in busy):
             choices += ["delete", "delete"]
+        if self.schedule.on(FaultKind.EVACUATE):
+            # A paused server cannot be evacuated: an evacuation must report it and go on.
+            choices += ["pause", "pause", "unpause"]
         kind = rng.choice(choices)
         request_id = f"req-{self.numbers + 1}"
         what = f"{kind} {iid[:8]} ({status})"
         if kind == "delete":
             return self._request(what, lambda cloud: adapter.delete(cloud, iid))
-        if kind in ("stop", "start", "reboot"):
-            action = {"stop": "os-stop", "start": "os-start", "reboot": "reboot"}[kind]
+        if kind in ("stop", "start", "reboot", "pause", "unpause"):
+            action = {"stop": "os-stop", "start": "os-start"}.get(kind, kind)
             return self._request(what, lambda cloud: adapter.power(cloud, iid, action, request_id))
         if kind == "rebuild":
             return self._request(what, lambda cloud: adapter.rebuild(cloud, iid, f.image_id))
