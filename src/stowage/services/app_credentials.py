@@ -294,16 +294,9 @@ def token_roles(cloud: Cloud, doc: Document) -> tuple[str, ...]:
             f"The user no longer holds the roles {', '.join(missing)} of this application "
             "credential on its project."
         )
-    from stowage.services.identity import IMPLIED_ROLES
+    from stowage.services.identity import with_implied
 
-    out = set(names)
-    pending = list(names)
-    while pending:
-        for implied in IMPLIED_ROLES.get(pending.pop(), ()):
-            if implied not in out:
-                out.add(implied)
-                pending.append(implied)
-    return tuple(sorted(out))
+    return with_implied(names)
 
 
 def record_token(cloud: Cloud, audit_id: str, doc: Document, expires_at: float) -> None:

@@ -124,7 +124,7 @@ class Cloud:
         raise NotFound(f"Could not find {kind}: {name}.")
 
     def roles_of(self, user_id: str, project_id: str) -> tuple[str, ...]:
-        from stowage.services.identity import IMPLIED_ROLES
+        from stowage.services.identity import with_implied
         from stowage.services.identity_groups import group_role_ids
 
         role_ids = [
@@ -140,15 +140,7 @@ class Cloud:
             if role is not None:
                 names.append(role.name or "")
 
-        # Implied roles, followed to the end: admin implies manager, member and reader.
-        out = set(names)
-        pending = list(names)
-        while pending:
-            for implied in IMPLIED_ROLES.get(pending.pop(), ()):
-                if implied not in out:
-                    out.add(implied)
-                    pending.append(implied)
-        return tuple(sorted(out))
+        return with_implied(names)
 
 
 def _token_key(state_dir: Path) -> bytes:

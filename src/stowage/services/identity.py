@@ -29,6 +29,21 @@ IMPLIED_ROLES: dict[str, tuple[str, ...]] = {
     "manager": ("member",),
     "member": ("reader",),
 }
+
+
+def with_implied(names: Iterable[str]) -> tuple[str, ...]:
+    """Role names with every role they imply, followed to the end (admin implies manager,
+    member and reader), sorted."""
+    out = set(names)
+    pending = list(out)
+    while pending:
+        for implied in IMPLIED_ROLES.get(pending.pop(), ()):
+            if implied not in out:
+                out.add(implied)
+                pending.append(implied)
+    return tuple(sorted(out))
+
+
 # keystone-manage bootstrap makes its roles immutable; ours are the same set.
 BOOTSTRAP_ROLES = frozenset({"admin", "manager", "member", "reader"})
 
@@ -694,11 +709,10 @@ class IdentityDirectory:
                 return grant
         return None
 
-    def grant(
-        self, user_id: str, role_id: str, *, project_id: str | None, domain_id: str | None
-    ) -> Grant:
-        """Idempotent: granting a role twice leaves one grant."""
-        self.user(user_id)
+    def check_grantable(
+        self, role_id: str, *, project_id: str | None, domain_id: str | None
+    ) -> None:
+        """The role exists, and a domain-specific role is granted only inside its domain."""
         role = self.role(role_id)
         if project_id is not None:
             target_domain = str(self.project(project_id).body.get("domain_id", DEFAULT_DOMAIN))
@@ -710,6 +724,13 @@ class IdentityDirectory:
                 f"Domain-specific role {role.id} of domain {role_domain} cannot be granted "
                 f"on a target in domain {target_domain}."
             )
+
+    def grant(
+        self, user_id: str, role_id: str, *, project_id: str | None, domain_id: str | None
+    ) -> Grant:
+        """Idempotent: granting a role twice leaves one grant."""
+        self.user(user_id)
+        self.check_grantable(role_id, project_id=project_id, domain_id=domain_id)
         existing = self.find_grant(user_id, role_id, project_id=project_id, domain_id=domain_id)
         if existing is not None:
             return existing

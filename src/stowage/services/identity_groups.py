@@ -192,17 +192,7 @@ class GroupDirectory(IdentityDirectory):
     ) -> GroupGrant:
         """Idempotent, as a user's grant."""
         self.group(group_id)
-        role = self.role(role_id)
-        if project_id is not None:
-            target_domain = str(self.project(project_id).body.get("domain_id", DEFAULT_DOMAIN))
-        else:
-            target_domain = self.domain(str(domain_id)).id
-        role_domain = role.body.get("domain_id")
-        if role_domain is not None and role_domain != target_domain:
-            raise Forbidden(
-                f"Domain-specific role {role.id} of domain {role_domain} cannot be granted "
-                f"on a target in domain {target_domain}."
-            )
+        self.check_grantable(role_id, project_id=project_id, domain_id=domain_id)
         grant_id = self._grant_id(group_id, role_id, project_id, domain_id)
         body: dict[str, Any] = {"group_id": group_id, "role_id": role_id}
         if domain_id is not None:

@@ -9,7 +9,7 @@ import hashlib
 
 from stowage.domain.errors import ConflictError, NotFound
 from stowage.services.cloud import Cloud
-from stowage.services.identity import IMPLIED_ROLES, IdentityDirectory
+from stowage.services.identity import IdentityDirectory, with_implied
 
 __all__ = ["grant_system", "revoke_system", "system_role_ids", "system_roles_of"]
 
@@ -59,11 +59,4 @@ def system_roles_of(cloud: Cloud, user_id: str) -> tuple[str, ...]:
         role = cloud.objects.find("role", role_id)
         if role is not None and role.name:
             names.append(role.name)
-    out = set(names)
-    pending = list(names)
-    while pending:
-        for implied in IMPLIED_ROLES.get(pending.pop(), ()):
-            if implied not in out:
-                out.add(implied)
-                pending.append(implied)
-    return tuple(sorted(out))
+    return with_implied(names)
