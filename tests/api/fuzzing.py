@@ -885,6 +885,10 @@ _SHAPES: dict[str, Callable[[Any, int], bool]] = {
     "image": _image_shape,
     "networking": _network_shape,
     "placement": _placement_shape,
+    # Cinder's faults and the metadata service's errors share Nova's shape.
+    "volume": _compute_shape,
+    "openstack": _compute_shape,
+    "latest": _compute_shape,
 }
 
 

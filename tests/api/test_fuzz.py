@@ -37,7 +37,16 @@ from stowage.services.cloud import Cloud
 # touches no cloud; test_the_fuzzer_sees_every_route checks this table against the live one.
 ROUTES = endpoints(create_app(cast(Cloud, None)))
 GROUPS = sorted({e.group for e in ROUTES})
-SERVICES = ("identity", "compute", "image", "networking", "placement")
+SERVICES = (
+    "identity",
+    "compute",
+    "image",
+    "networking",
+    "placement",
+    "volume",
+    "openstack",
+    "latest",
+)
 _SEED = os.environ.get("STOWAGE_FUZZ_SEED")
 
 

@@ -34,11 +34,15 @@ from stowage.api.dashboard import create_dashboard_app
 from stowage.api.identity import create_identity_app
 from stowage.api.image import create_image_app
 from stowage.api.limits import DEFAULT_MAX_BODY, BodyLimit
-from stowage.api.metadata import create_ec2_metadata_app, create_openstack_metadata_app
+from stowage.api.metadata import (
+    create_ec2_metadata_app,
+    create_openstack_metadata_app,
+    start_metadata_service,
+)
 from stowage.api.network import create_network_app
 from stowage.api.observed import Observed
 from stowage.api.placement import create_placement_app
-from stowage.api.volume import create_volume_app
+from stowage.api.volume import create_volume_app, start_volume_service
 from stowage.services.cloud import Cloud
 from stowage.services.dashboard import heartbeat_ages
 from stowage.telemetry import REGISTRY
@@ -81,6 +85,8 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     cloud: Cloud = app.state.cloud
     runtime: Runtime | None = app.state.runtime
     stack = contextlib.AsyncExitStack()
+    await asyncio.to_thread(start_volume_service, cloud)
+    await asyncio.to_thread(start_metadata_service, cloud)
     if runtime is not None:
         app.state.metrics = await stack.enter_async_context(runtime(cloud))
 

@@ -23,7 +23,11 @@ from stowage.domain.errors import NotFound
 from stowage.services import guest_metadata as service
 from stowage.services.cloud import Cloud
 
-__all__ = ["create_ec2_metadata_app", "create_openstack_metadata_app"]
+__all__ = [
+    "create_ec2_metadata_app",
+    "create_openstack_metadata_app",
+    "start_metadata_service",
+]
 
 _FILES = ("meta_data.json", "network_data.json", "user_data", "vendor_data.json",
           "vendor_data2.json")  # fmt: skip
@@ -135,8 +139,13 @@ def _app(cloud: Cloud, router: APIRouter) -> FastAPI:
     return app
 
 
+def start_metadata_service(cloud: Cloud) -> None:
+    """At the API's start: the shared secret is made now, so a proxy can read it before the
+    first guest asks."""
+    service.metadata_secret(cloud)
+
+
 def create_openstack_metadata_app(cloud: Cloud) -> FastAPI:
-    service.metadata_secret(cloud)  # made now, so a proxy can read it before the first guest
     return _app(cloud, openstack)
 
 

@@ -16,7 +16,7 @@ from stowage.services.cloud import Cloud
 from stowage.services.volumes import register_pool
 from stowage.services.volumes import volumes as volume_service
 
-__all__ = ["create_volume_app"]
+__all__ = ["create_volume_app", "start_volume_service"]
 
 
 def _version(base: str) -> dict[str, Any]:
@@ -50,11 +50,15 @@ async def version(request: Request) -> JSONResponse:
     return JSONResponse({"versions": [_version(cloud_of(request).config.base_url)]})
 
 
-def create_volume_app(cloud: Cloud) -> FastAPI:
+def start_volume_service(cloud: Cloud) -> None:
+    """At the API's start (not when its app is built): the local-file pool in the ledger, and
+    the volumes and snapshots a dead process left creating, extending or deleting, driven to
+    their end in the volume workers (each step is idempotent)."""
     register_pool(cloud)
-    # Volumes and snapshots a dead process left creating, extending or deleting: driven to
-    # their end in the volume workers (each step is idempotent).
     volume_service.submit_resume(cloud)
+
+
+def create_volume_app(cloud: Cloud) -> FastAPI:
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     app.state.cloud = cloud
     install_microversions(app)
