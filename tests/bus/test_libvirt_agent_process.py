@@ -74,7 +74,12 @@ def libvirt_production(tmp_path: Path) -> Iterator[tuple[RunningCloud, str, str]
                     break
             except httpx.HTTPError:
                 time.sleep(0.3)
-        procs.append(_spawn(tmp_path / "conductor.log", "conductor", *common))
+        # A real guest's snapshot (qemu-img convert, then the upload over HTTP) may take longer
+        # than the default 10 s an agent call is given on a busy machine; Nova's snapshot is
+        # not bound by an RPC timeout either.
+        procs.append(
+            _spawn(tmp_path / "conductor.log", "conductor", *common, "--op-timeout", "120")
+        )
         # The agent's host shares nothing with the API's but the ledger and the bus: a state
         # directory of its own (no token key, no image store in common).
         agent_state = ("--state-dir", str(tmp_path / "agent-state"), "--db", pg_url)
