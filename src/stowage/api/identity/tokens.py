@@ -119,35 +119,25 @@ def token_body(
     project_domain = (
         str(project.body.get("domain_id", DEFAULT_DOMAIN)) if project else DEFAULT_DOMAIN
     )
-    role_ids = {d.name: d.id for d in cloud.objects.list("role")}
+    who = {
+        "methods": methods,
+        "expires_at": iso(ctx.expires_at),
+        "issued_at": iso(issued_at),
+        "audit_ids": audit_ids or [ctx.audit_id],
+        "user": {
+            "id": ctx.user_id,
+            "name": ctx.user_name,
+            "domain": _domain_ref(cloud, user_domain),
+            "password_expires_at": None,
+        },
+    }
     if ctx.project_id == "" and not ctx.roles:
         # Unscoped (Keystone's): who and until when, no scope, roles or catalog.
-        return {
-            "token": {
-                "methods": methods,
-                "expires_at": iso(ctx.expires_at),
-                "issued_at": iso(issued_at),
-                "audit_ids": audit_ids or [ctx.audit_id],
-                "user": {
-                    "id": ctx.user_id,
-                    "name": ctx.user_name,
-                    "domain": _domain_ref(cloud, user_domain),
-                    "password_expires_at": None,
-                },
-            }
-        }
+        return {"token": who}
+    role_ids = {d.name: d.id for d in cloud.objects.list("role")}
     return {
         "token": {
-            "methods": methods,
-            "expires_at": iso(ctx.expires_at),
-            "issued_at": iso(issued_at),
-            "audit_ids": audit_ids or [ctx.audit_id],
-            "user": {
-                "id": ctx.user_id,
-                "name": ctx.user_name,
-                "domain": _domain_ref(cloud, user_domain),
-                "password_expires_at": None,
-            },
+            **who,
             **_scope_part(cloud, ctx, project, project_domain),
             "roles": [{"id": role_ids.get(r, r), "name": r} for r in sorted(ctx.roles)],
             "catalog": catalog_of(cloud, ctx.project_id or None),

@@ -342,10 +342,8 @@ def _source(cloud: Cloud, caller: VolumeCaller, request: Mapping[str, Any]) -> d
     return {}
 
 
-def update_volume(
-    cloud: Cloud, caller: VolumeCaller, volume_id: str, changes: Mapping[str, Any]
-) -> Document:
-    get_volume(cloud, caller, volume_id)
+def _renamed(changes: Mapping[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The change of an update: name, description and metadata, as given."""
 
     def apply(body: dict[str, Any]) -> dict[str, Any]:
         for key in ("name", "description"):
@@ -355,7 +353,15 @@ def update_volume(
             body["metadata"] = dict(changes["metadata"] or {})
         return body
 
-    _transition(cloud, VOLUME, volume_id, None, apply)
+    return apply
+
+
+def update_volume(
+    cloud: Cloud, caller: VolumeCaller, volume_id: str, changes: Mapping[str, Any]
+) -> Document:
+    get_volume(cloud, caller, volume_id)
+
+    _transition(cloud, VOLUME, volume_id, None, _renamed(changes))
     return cloud.objects.get(VOLUME, volume_id)
 
 
@@ -528,15 +534,7 @@ def update_snapshot(
 ) -> Document:
     get_snapshot(cloud, caller, snapshot_id)
 
-    def apply(body: dict[str, Any]) -> dict[str, Any]:
-        for key in ("name", "description"):
-            if key in changes:
-                body[key] = changes[key]
-        if "metadata" in changes:
-            body["metadata"] = dict(changes["metadata"] or {})
-        return body
-
-    _transition(cloud, SNAPSHOT, snapshot_id, None, apply)
+    _transition(cloud, SNAPSHOT, snapshot_id, None, _renamed(changes))
     return cloud.objects.get(SNAPSHOT, snapshot_id)
 
 
