@@ -389,7 +389,12 @@ def up(
     )
     server = _Server(
         uvicorn.Config(
-            all_in_one(cloud), host=host, port=port, log_level="warning", log_config=None
+            all_in_one(cloud),
+            host=host,
+            port=port,
+            log_level="warning",
+            log_config=None,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
     )
     try:
@@ -400,6 +405,11 @@ def up(
     cloud.ledger.close()
     console.print("Stowage stopped.")
 
+
+KEEP_ALIVE_S = 75
+"""How long an idle client connection stays open. Longer than any client's pause between
+polls (the openstack CLI's `--wait` polls every 5 s, uvicorn's default): a server closing
+the connection as the next request arrives resets that request."""
 
 LeaseSeconds = Annotated[
     float,
@@ -519,6 +529,7 @@ def api_process(
         host=host,
         port=port,
         workers=workers,
+        timeout_keep_alive=KEEP_ALIVE_S,
         log_level="warning",
         log_config=None,  # each worker's lines go through configure_logging
     )

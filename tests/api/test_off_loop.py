@@ -4,11 +4,15 @@ a large query) cannot stall the others; the loop's lag is exported like the agen
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import os
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from starlette.routing import Mount
 from tests.api.cloudproc import start_cloud, stop_cloud
@@ -81,3 +85,77 @@ def test_a_request_is_handled_off_the_loop_and_the_lag_is_exported(tmp_path: Pat
         assert "stowage_api_loop_stalls_total" in metrics
     finally:
         stop_cloud(cloud)
+
+
+def test_image_data_is_written_and_committed_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the fix the upload handler wrote, hashed and fsynced the data on the event
+    loop: a 1 GiB snapshot stalled the API for seconds and a client's keep-alive connection
+    was reset under it (CI, tests/bus/test_libvirt_agent_process.py)."""
+    from stowage.services import images
+
+    on_loop: list[str] = []
+
+    def watched(name: str) -> None:
+        real = getattr(images.Upload, name)
+
+        def call(self: images.Upload, *args: object) -> object:
+            try:
+                asyncio.get_running_loop()
+                on_loop.append(name)
+            except RuntimeError:  # no loop in this thread: a worker of the thread pool
+                pass
+            return real(self, *args)
+
+        monkeypatch.setattr(images.Upload, name, call)
+
+    for name in ("write", "commit"):
+        watched(name)
+    ledger = Ledger.open(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        cloud = Cloud(CloudConfig(state_dir=tmp_path / "state", hosts=1), ledger)
+        bootstrap(cloud)
+        asyncio.run(_upload_and_read_back(create_app(cloud), cloud.config.admin_password))
+    finally:
+        ledger.close()
+    assert on_loop == []
+
+
+async def _upload_and_read_back(app: object, password: str) -> None:
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://stowage") as client:
+        auth = {
+            "identity": {
+                "methods": ["password"],
+                "password": {
+                    "user": {"name": "admin", "domain": {"name": "Default"}, "password": password}
+                },
+            },
+            "scope": {"project": {"name": "admin", "domain": {"name": "Default"}}},
+        }
+        issued = await client.post("/identity/v3/auth/tokens", json={"auth": auth})
+        headers = {"X-Auth-Token": issued.headers["x-subject-token"]}
+        created = await client.post(
+            "/image/v2/images",
+            headers=headers,
+            json={"name": "big", "disk_format": "raw", "container_format": "bare"},
+        )
+        assert created.status_code == 201, created.text
+        image_id = created.json()["id"]
+        data = os.urandom(3 * 1024 * 1024 + 17)
+
+        async def pieces() -> AsyncIterator[bytes]:
+            for i in range(0, len(data), 65536):
+                yield data[i : i + 65536]
+
+        put = await client.put(
+            f"/image/v2/images/{image_id}/file",
+            headers={**headers, "Content-Type": "application/octet-stream"},
+            content=pieces(),
+        )
+        assert put.status_code == 204, put.text
+        shown = (await client.get(f"/image/v2/images/{image_id}", headers=headers)).json()
+        assert (shown["status"], shown["size"]) == ("active", len(data))
+        saved = await client.get(f"/image/v2/images/{image_id}/file", headers=headers)
+        assert saved.content == data

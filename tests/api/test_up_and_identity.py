@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -171,3 +173,31 @@ def test_a_topology_file_describes_the_hosts(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "sockets" in result.stderr
+
+
+def test_an_idle_connection_outlives_a_clients_poll_interval(cloud: RunningCloud) -> None:
+    """The openstack CLI's `--wait` polls every 5 s on one kept-alive connection; uvicorn's
+    default closed idle connections after 5 s, so a poll could arrive as the server closed
+    and be reset (CI: `openstack server image create --wait` failed with ECONNRESET)."""
+    host, port = cloud.base_url.removeprefix("http://").split(":")
+    request = f"GET /identity/v3 HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        for pause_s in (0.0, 6.0):
+            time.sleep(pause_s)
+            conn.sendall(request)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                piece = conn.recv(65536)
+                assert piece, f"the server closed the connection after {pause_s} s idle"
+                head += piece
+            assert head.startswith(b"HTTP/1.1 200"), head[:200]
+            length = int(
+                next(
+                    line.split(b":", 1)[1]
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+            )
+            body = head.split(b"\r\n\r\n", 1)[1]
+            while len(body) < length:
+                body += conn.recv(65536)

@@ -86,11 +86,16 @@ class RabbitTransport:
         *,
         reconnect_interval_s: float = 1.0,
         connect_timeout_s: float = 5.0,
+        name: str | None = None,
         **options: Any,
     ) -> RabbitTransport:
-        """Connect (failing fast if the broker is unreachable now) and open the reply queue."""
+        """Connect (failing fast if the broker is unreachable now) and open the reply queue;
+        `name` is the connection's name on the broker (`rabbitmqctl list_connections`)."""
         connection = await aio_pika.connect_robust(
-            url, timeout=connect_timeout_s, reconnect_interval=reconnect_interval_s
+            url,
+            timeout=connect_timeout_s,
+            reconnect_interval=reconnect_interval_s,
+            client_properties=None if name is None else {"connection_name": name},
         )
         transport = cls(connection, **options)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
@@ -21,6 +22,8 @@ __all__ = ["router"]
 
 LIMIT_DEFAULT = 25
 LIMIT_MAX = 1000
+UPLOAD_BATCH_BYTES = 1 << 20
+"""Image data is written in pieces of about this size, each in the thread pool."""
 PATCH_TYPES = {
     "application/openstack-images-v2.0-json-patch": 4,
     "application/openstack-images-v2.1-json-patch": 10,
@@ -216,29 +219,37 @@ async def delete_image(image_id: str, request: Request, ctx: Writer) -> Response
 
 
 @router.put("/images/{image_id}/file")
-@on_loop  # streams the body to disk as it arrives
+@on_loop  # streams the body as it arrives; the disk and the hashing work in the thread pool
 async def upload_data(image_id: str, request: Request, ctx: Writer) -> Response:
     content_type = request.headers.get("content-type", "").split(";")[0].strip()
     if content_type != "application/octet-stream":
         raise ApiError(415, "Image data must be sent as application/octet-stream.")
-    upload = svc.begin_upload(cloud_of(request), ctx, image_id)
+    upload = await asyncio.to_thread(svc.begin_upload, cloud_of(request), ctx, image_id)
+    # Never on the event loop: writing, hashing and the final fsync of a large image there
+    # stalled every other request of this process for seconds (a client's keep-alive
+    # connection was then reset under it).
+    pending = bytearray()
     try:
         async for chunk in request.stream():
-            if chunk:
-                upload.write(chunk)
+            pending += chunk
+            if len(pending) >= UPLOAD_BATCH_BYTES:
+                await asyncio.to_thread(upload.write, bytes(pending))
+                pending.clear()
+        if pending:
+            await asyncio.to_thread(upload.write, bytes(pending))
     except ClientDisconnect:
-        upload.abort()
+        await asyncio.to_thread(upload.abort)
         return Response(status_code=400)
     except BaseException:
-        upload.abort()
+        await asyncio.to_thread(upload.abort)
         raise
     expected = request.headers.get("x-openstack-image-size")
     if expected is not None and expected.isdigit() and int(expected) != upload.size:
-        upload.abort()
+        await asyncio.to_thread(upload.abort)
         raise ApiError(
             400, f"Image size mismatch: X-OpenStack-Image-Size is {expected}, got {upload.size}"
         )
-    upload.commit()
+    await asyncio.to_thread(upload.commit)
     return Response(status_code=204)
 
 
