@@ -17,10 +17,9 @@ from stowage.domain.errors import ConflictError
 from stowage.ledger.objects import Document
 from stowage.services import consoles
 from stowage.services import images as image_service
-from stowage.services import networks as net
 from stowage.services.cloud import Cloud
 from stowage.services.compute import record_action, snapshot_server
-from stowage.services.instances import write_instance
+from stowage.services.server_security_groups import change_server_group
 
 __all__ = ["EXTRA_ACTIONS", "extra_action"]
 
@@ -74,7 +73,7 @@ async def extra_action(
     if not isinstance(name, str) or not name:
         raise ApiError(400, f"Invalid input for field/attribute {action}: 'name' is required")
     add = action == "addSecurityGroup"
-    await asyncio.to_thread(_change_groups, cloud, ctx, doc, name, add=add)
+    await asyncio.to_thread(change_server_group, cloud, ctx, doc.id, name, add=add)
     return Response(status_code=202)
 
 
@@ -97,35 +96,6 @@ async def _console_output(cloud: Cloud, doc: Document, args: dict[str, Any]) -> 
     except ConflictError as exc:
         raise ApiError(409, str(exc)) from None
     return JSONResponse({"output": output})
-
-
-def _change_groups(cloud: Cloud, ctx: Context, doc: Document, name: str, *, add: bool) -> None:
-    project = str(doc.body.get("project_id"))
-    groups = [
-        g
-        for g in net.list_security_groups(cloud, ctx)
-        if g.get("project_id") == project and name in (g["id"], g["name"])
-    ]
-    if not groups:
-        raise ApiError(404, f"Security group {name} not found for project {project}.")
-    group = groups[0]
-    names = list(doc.body.get("security_groups") or [])
-    ports = [p for p in net.list_ports(cloud, ctx) if p.get("device_id") == doc.id]
-    has = group["name"] in names or any(group["id"] in p.get("security_groups", []) for p in ports)
-    if add and has:
-        raise ApiError(400, f"Security group {name} is already associated with the instance.")
-    if not add and not has:
-        raise ApiError(400, f"Security group {name} not associated with the instance.")
-    for port in ports:
-        ids = [g for g in port.get("security_groups", []) if g != group["id"]]
-        if add:
-            ids.append(group["id"])
-        net.update_port(cloud, ctx, port["id"], {"security_groups": ids})
-    body = dict(doc.body)
-    body["security_groups"] = (
-        [*names, group["name"]] if add else [n for n in names if n != group["name"]]
-    )
-    write_instance(cloud, doc.id, doc.body, body)
 
 
 async def _backup(request: Request, ctx: Context, doc: Document, args: dict[str, Any]) -> Response:

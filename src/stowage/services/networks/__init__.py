@@ -24,6 +24,7 @@ from stowage.services.networks.common import (
     NeutronConflict,
     NeutronForbidden,
     NeutronNotFound,
+    stamped,
 )
 from stowage.services.networks.devices import (
     addresses_of,
@@ -104,6 +105,7 @@ __all__ = [
     "ports_of",
     "release_ports",
     "set_tags",
+    "stamped",
     "tags_of",
     "update_network",
     "update_port",

@@ -85,9 +85,15 @@ def _standard(cloud: Cloud, project_id: str) -> dict[str, Any]:
     }
 
 
-def _save(cloud: Cloud, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+def stamped(cloud: Cloud, body: dict[str, Any]) -> dict[str, Any]:
+    """`body` as a write stores it: updated now, its revision number one up."""
     body["updated_at"] = _now(cloud)
     body["revision_number"] = int(body.get("revision_number", 0)) + 1
+    return body
+
+
+def _save(cloud: Cloud, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    stamped(cloud, body)
     cloud.objects.update(kind, body["id"], body, name=body.get("name") or "")
     return body
 
