@@ -161,6 +161,25 @@ def record_action(
         cloud.objects.create("instance_action", key, body, project_id=instance_id, name=action)
 
 
+def change_instance(
+    cloud: Cloud,
+    instance_id: str,
+    before: Mapping[str, Any],
+    after: Mapping[str, Any],
+    *,
+    action: str,
+    user_id: str,
+    project_id: str,
+    request_id: str,
+) -> dict[str, Any]:
+    """A change a request makes to the instance record (lock, unlock, reset state) and the
+    action event that tells of it, in one transaction: never one without the other."""
+    with cloud.ledger.engine.begin() as conn:
+        written = write_instance(cloud, instance_id, before, after, conn=conn)
+        record_action(cloud, instance_id, action, user_id, project_id, request_id, conn=conn)
+    return written
+
+
 def shape_of_flavor(flavor: Mapping[str, Any]) -> InstanceShape:
     """The instance shape of a flavor document (the compute API's flavor fields)."""
     return shape_of(

@@ -52,6 +52,7 @@ from stowage.services.cloud import Cloud
 from stowage.services.compute import (
     BuildRequest,
     build_servers,
+    change_instance,
     delete_server,
     instance_topology,
     power_action,
@@ -600,8 +601,16 @@ async def server_action(request: Request, server_id: str) -> Response:
         reason = (args or {}).get("locked_reason") if isinstance(args, dict) else None
         body["locked_reason"] = reason if action == "lock" else None
         body["locked_by"] = locked_by(ctx, doc.body) if action == "lock" else None
-        write_instance(cloud, server_id, doc.body, body)
-        record_action(cloud, server_id, action, ctx.user_id, ctx.project_id, rid)
+        change_instance(
+            cloud,
+            server_id,
+            doc.body,
+            body,
+            action=action,
+            user_id=ctx.user_id,
+            project_id=ctx.project_id,
+            request_id=rid,
+        )
         return Response(status_code=202)
     if action == "os-resetState":
         state = (args or {}).get("state") if isinstance(args, dict) else None
@@ -614,8 +623,16 @@ async def server_action(request: Request, server_id: str) -> Response:
         body["status"] = state.upper()
         body["vm_state"] = state
         body["task_state"] = None
-        write_instance(cloud, server_id, doc.body, body)
-        record_action(cloud, server_id, "resetState", ctx.user_id, ctx.project_id, rid)
+        change_instance(
+            cloud,
+            server_id,
+            doc.body,
+            body,
+            action="resetState",
+            user_id=ctx.user_id,
+            project_id=ctx.project_id,
+            request_id=rid,
+        )
         return Response(status_code=202)
     if action in _MOVES:
         return await _move_action(request, ctx, doc, action, args)

@@ -1,5 +1,6 @@
-"""addSecurityGroup / removeSecurityGroup change the server's ports and the server in one
-transaction (issue 9): a failure part way leaves neither changed."""
+"""Server actions that change several records do it in one transaction (issue 9): the
+security groups of the server and its ports; a lock and its action event. A failure part way
+leaves none of them changed."""
 
 from __future__ import annotations
 
@@ -97,3 +98,32 @@ def test_a_failed_add_leaves_the_ports_and_the_server_as_they_were(
         assert _port_groups(cloud, server_id) == ports_before
         unknown = cloud.request("POST", action, json={"addSecurityGroup": {"name": "no-such"}})
         assert unknown.status_code == 404, unknown.text
+
+
+def test_a_lock_whose_action_event_fails_is_not_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the fix the lock was written, then its action event in a transaction of its
+    own: a failed event left the server locked with no event telling who locked it."""
+    with in_process_cloud(tmp_path) as cloud:
+        server_id = _active_server_with_two_ports(cloud)
+        real_create = ObjectStore.create_in
+
+        def failing_create(self: ObjectStore, conn: Any, kind: str, *args: Any, **kw: Any) -> Any:
+            if kind == "instance_action":
+                raise RuntimeError("injected: the action event is not written")
+            return real_create(self, conn, kind, *args, **kw)
+
+        action = f"/compute/v2.1/servers/{server_id}/action"
+        with monkeypatch.context() as patched:
+            patched.setattr(ObjectStore, "create_in", failing_create)
+            failed = cloud.request("POST", action, json={"lock": None})
+        assert failed.status_code == 500, failed.text
+        shown = cloud.request("GET", f"/compute/v2.1/servers/{server_id}").json()["server"]
+        assert shown["locked"] is False
+        locked = cloud.request("POST", action, json={"lock": {"locked_reason": "maintenance"}})
+        assert locked.status_code == 202, locked.text
+        shown = cloud.request("GET", f"/compute/v2.1/servers/{server_id}").json()["server"]
+        assert (shown["locked"], shown["locked_reason"]) == (True, "maintenance")
+        events = cloud.request("GET", f"/compute/v2.1/servers/{server_id}/os-instance-actions")
+        assert [a["action"] for a in events.json()["instanceActions"]].count("lock") == 1
