@@ -171,6 +171,46 @@ def test_a_stopped_destination_leaves_error_then_failed_holding_nothing(
 
 
 @pytest.mark.parametrize("kind", ["migration", "resize"])
+def test_a_cold_move_stops_the_source_guest_and_a_revert_starts_it_again(
+    cloud: Cloud, tmp_path: Path, kind: str
+) -> None:
+    """Before the fix the source guest kept running while its disk was copied (a copy that
+    is not consistent) and through VERIFY_RESIZE, beside its copy on the destination. Now,
+    as Nova's migrate_disk_and_power_off: stopped before the copy, and a revert runs it
+    again on the source."""
+    from stowage.virt.driver import InstanceState
+
+    async def scenario() -> None:
+        async with agents(cloud, tmp_path) as (bus, servers):
+            conductor = Conductor(cloud, bus, FAST)
+            task = asyncio.create_task(conductor.run())
+            (vm,) = await asyncio.to_thread(build, cloud, 1, "host1")
+            await until(cloud, lambda: statuses(cloud, [vm]) == ["ACTIVE"])
+            bigger = {**PINNED, "id": "p2", "name": "pinned.2", "disk": 2}
+            await asyncio.to_thread(
+                migrations.move, cloud, vm, kind, user_id="u", project_id="p", dest="host2",
+                new_flavor=bigger if kind == "resize" else None,
+            )  # fmt: skip
+            await until(cloud, lambda: statuses(cloud, [vm]) == ["VERIFY_RESIZE"])
+            source, dest = servers["host1"].driver, servers["host2"].driver
+            assert source.running()[vm]["state"] == InstanceState.SHUTOFF
+            assert dest.running()[vm]["state"] == InstanceState.RUNNING
+            calls = [op for op, iid in source.calls if iid == vm]
+            assert calls.index("power_off") < calls.index("export_disk")
+            await asyncio.to_thread(migrations.revert_resize, cloud, vm)
+            await until(cloud, lambda: statuses(cloud, [vm]) == ["ACTIVE"])
+            await until(cloud, lambda: not cloud.operations.active())
+            assert cloud.objects.get("instance", vm).body["host"] == "host1"
+            assert source.running()[vm]["state"] == InstanceState.RUNNING
+            assert vm not in dest.running()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert audit(cloud.ledger) == []
+
+
+@pytest.mark.parametrize("kind", ["migration", "resize"])
 def test_a_cold_move_takes_the_instances_disk_to_the_destination(
     cloud: Cloud, tmp_path: Path, kind: str
 ) -> None:

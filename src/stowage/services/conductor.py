@@ -720,7 +720,14 @@ class Conductor:
         if op.kind in COLD_MOVES:
             at_source = dataclasses.replace(op, host=str(record["source_compute"]))
             try:
-                exported = await self._call(at_source, "export_disk", {}, suffix=":export")
+                # As Nova's migrate_disk_and_power_off: the guest stops before its disk is
+                # copied (a running guest's disk is not a consistent copy); a revert or a
+                # failed move starts it again (`_step_abort_dest`).
+                stopped = await self._call(at_source, "power_off", {}, suffix=":stop-source")
+                if stopped.get("ok"):
+                    exported = await self._call(at_source, "export_disk", {}, suffix=":export")
+                else:
+                    exported = {"ok": False, "error": f"not stopped: {stopped.get('error')}"}
             except _Wait as why:
                 exported = {"ok": False, "error": f"no answer: {why}"}
             if not exported.get("ok"):
@@ -936,7 +943,18 @@ class Conductor:
         reply = await self._call(op, "destroy", {})
         if not reply.get("ok"):
             raise _Wait(f"clean-up on {op.host} failed: {reply.get('error')}", failed=True)
+        record = await asyncio.to_thread(self._record, op)
+        if record.get("migration_type") in COLD_MOVES and not _rests_stopped(record):
+            await self._restart_source(op, record)
         await asyncio.to_thread(self._undone, op)
+
+    async def _restart_source(self, op: Operation, record: dict[str, Any]) -> None:
+        """A cold move's source guest, stopped for the disk copy, runs again when the move is
+        reverted or fails (a guest the source no longer has is the reconciler's to mend)."""
+        at_source = dataclasses.replace(op, host=str(record["source_compute"]))
+        started = await self._call(at_source, "power_on", {}, suffix=":start-source")
+        if not started.get("ok") and started.get("code") != "virt.instance.not_found":
+            raise _Wait(f"restart on {at_source.host} failed: {started.get('error')}", failed=True)
 
     def _undone(self, op: Operation) -> None:
         assert op.migration_id is not None
