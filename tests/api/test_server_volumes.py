@@ -3,6 +3,7 @@ does, attach and detach, and what a server's delete does to its volumes."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -164,6 +165,27 @@ def test_shelve_offload_holds_nothing_and_unshelve_claims_again_on_the_named_hos
         "POST", f"/servers/{server_id}/action", json={"shelve": None}
     )  # already shelved
     assert again.status_code == 409
+
+    # With no host to take it, an unshelve leaves it SHELVED_OFFLOADED, holding nothing, to
+    # be unshelved again (Nova); before the fix it went to ERROR.
+    cloud.osc("compute", "service", "set", "--disable", elsewhere, "nova-compute")
+    try:
+        unshelve = {"unshelve": {"host": elsewhere}}
+        nowhere = cloud.compute(
+            "POST", f"/servers/{server_id}/action", version="2.91", json=unshelve
+        )
+        assert nowhere.status_code == 202, nowhere.text
+        deadline = time.monotonic() + 30
+        while (stuck := cloud.compute("GET", f"/servers/{server_id}").json()["server"])[
+            "OS-EXT-STS:task_state"
+        ] is not None:
+            assert time.monotonic() < deadline, stuck
+            time.sleep(0.2)
+        assert (stuck["status"], stuck["OS-EXT-SRV-ATTR:host"]) == ("SHELVED_OFFLOADED", None)
+        assert "fault" not in stuck
+        assert allocations(cloud, server_id) == {}
+    finally:
+        cloud.osc("compute", "service", "set", "--enable", elsewhere, "nova-compute")
 
     cloud.osc("--os-compute-api-version", "2.91", "server", "unshelve", "--host", elsewhere, name)
     back = cloud.compute("GET", f"/servers/{server_id}").json()["server"]

@@ -452,19 +452,23 @@ def _host_name_in(conn: Connection, host_id: int) -> str:
 def _build_failed(
     cloud: Cloud, instance_id: str, request_id: str, message: str, details: str
 ) -> None:
-    """An instance that found no place: ERROR with a fault, holding nothing (one commit)."""
+    """An instance that found no place: ERROR with a fault, holding nothing (one commit).
+    An unshelve that found none stays SHELVED_OFFLOADED, to be unshelved again (Nova)."""
     with cloud.ledger.engine.begin() as conn:
         doc = cloud.objects.find_in(conn, "instance", instance_id)
         if doc is None or doc.body.get("task_state") != "scheduling":
             return
         body = dict(doc.body)
-        _set_state(body, ERROR, task_state=None)
-        body["fault"] = {
-            "code": 500,
-            "message": message,
-            "created": time.time(),
-            "details": details,
-        }
+        if body.get("vm_state") == "shelved_offloaded":
+            body["task_state"] = None
+        else:
+            _set_state(body, ERROR, task_state=None)
+            body["fault"] = {
+                "code": 500,
+                "message": message,
+                "created": time.time(),
+                "details": details,
+            }
         cloud.objects.swap_in(conn, "instance", instance_id, doc.body, body)
         action = cloud.objects.find_in(conn, "instance_action", f"{request_id}:{instance_id}")
         if action is not None:
