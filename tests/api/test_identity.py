@@ -184,9 +184,18 @@ def test_user_role_grant_login_and_delete(cloud: RunningCloud) -> None:
     assert issued.returncode == 0, issued.stderr
     token = json.loads(issued.stdout)
     assert (token["user_id"], token["project_id"]) == (created["id"], project_id)
-    mine = osc_as(cloud, user, password, project, "project", "list", "-f", "json")
+    mine = osc_as(cloud, user, password, project, "project", "list", "--my-projects", "-f", "json")
     assert mine.returncode == 0, mine.stderr
     assert json.loads(mine.stdout) == [{"ID": project_id, "Name": project}]
+    # Every project of the cloud is a system reader's list (Keystone's identity:list_projects):
+    # the CLI, refused, falls back to the user's own, as it does against Keystone.
+    every = osc_as(cloud, user, password, project, "project", "list", "-f", "json")
+    assert json.loads(every.stdout) == [{"ID": project_id, "Name": project}], every.stderr
+    refused = httpx.get(
+        f"{cloud.base_url}/identity/v3/projects",
+        headers={"X-Auth-Token": login(cloud, user, password, project)},
+    )
+    assert refused.status_code == 403, refused.text
 
     admin_token = login(cloud, "admin", "stowage-admin", "admin")
     admin = Admin(cloud, admin_token)
@@ -233,7 +242,7 @@ def test_a_reader_reads_its_own_things_and_cannot_write(cloud: RunningCloud) -> 
     shown = run("user", "show", user["name"], "-f", "json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["id"] == user["id"]
-    listed = run("project", "list", "-f", "json")
+    listed = run("project", "list", "--my-projects", "-f", "json")
     assert json.loads(listed.stdout) == [{"ID": project["id"], "Name": project["name"]}]
     assert "reader" in {r["Name"] for r in json.loads(run("role", "list", "-f", "json").stdout)}
     created = run("project", "create", unique("proj"))

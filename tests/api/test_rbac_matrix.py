@@ -22,6 +22,7 @@ ROWS: tuple[Row, ...] = (
     ("identity:get_user (own)", "GET", "/identity/v3/users/{U}", None, _ALL_OK),
     ("identity:get_user (another)", "GET", "/identity/v3/users/{A}", None, _ADMIN_ONLY_READ),
     ("identity:get_project (own)", "GET", "/identity/v3/projects/{P}", None, _ALL_OK),
+    ("identity:list_projects", "GET", "/identity/v3/projects", None, _ADMIN_ONLY_READ),
     ("identity:list_roles", "GET", "/identity/v3/roles", None, _ALL_OK),
     ("identity:list_regions", "GET", "/identity/v3/regions", None, _ALL_OK),
     ("identity:list_services", "GET", "/identity/v3/services", None, _ADMIN_ONLY_READ),

@@ -130,15 +130,17 @@ def _tags_match(request: Request, doc: Document) -> bool:
 @router.get("/v3/projects")
 async def list_projects(request: Request) -> JSONResponse:
     who = caller(request)
+    if not who.reads_all:
+        # Keystone's identity:list_projects is a system (or domain) reader's; a project
+        # member lists their own through /v3/auth/projects or /v3/users/{id}/projects.
+        raise forbid("identity:list_projects")
     if "is_domain" in request.query_params and _wants_domains(request):
         docs: list[Document] = []  # no project here acts as a domain
     else:
-        visible = None if who.reads_all else who.project_ids()
         docs = [
             p
             for p in who.directory.projects()
-            if (visible is None or p.id in visible)
-            and matches_name(request, p.body.get("name", ""))
+            if matches_name(request, p.body.get("name", ""))
             and keep(request, p, {"domain_id": "domain_id", "enabled": "enabled"})
             and _parent_matches(request, p)
             and _tags_match(request, p)
