@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -42,6 +42,7 @@ from stowage.api.metadata import (
 from stowage.api.network import create_network_app
 from stowage.api.observed import Observed
 from stowage.api.placement import create_placement_app
+from stowage.api.responses import JSONResponse
 from stowage.api.volume import create_volume_app, start_volume_service
 from stowage.services.cloud import Cloud
 from stowage.services.dashboard import heartbeat_ages

@@ -13,12 +13,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from fastapi.routing import APIRoute, request_response
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stowage.api.asgi import OnResponse, ResponseHeaders
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import (
     ConflictError,
     InvalidSpec,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
@@ -15,7 +17,7 @@ from stowage.domain.errors import ConflictError, NotFound
 from stowage.ledger.db import READONLY
 from stowage.ledger.schema import objects
 
-__all__ = ["Document", "ObjectStore"]
+__all__ = ["Document", "ObjectStore", "decode_body"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +156,7 @@ class ObjectStore:
                 .with_for_update()
             ).scalar()
             if current is not None:
-                stored = json.loads(current)
+                stored = decode_body(current)
                 body = {**body, **{k: stored[k] for k in keep if k in stored}}
         changed = conn.execute(
             update(objects)
@@ -297,5 +299,21 @@ def _doc(row: Any) -> Document:
         row.name,
         row.created_at,
         row.updated_at,
-        json.loads(row.body),
+        decode_body(row.body),
     )
+
+
+def decode_body(text: str) -> Any:
+    """A stored body: orjson (2-3x faster than json; a quarter of a server list's time was
+    decoding), unless the text holds 19 digits in a row (orjson reads an integer past 64 bits
+    as a float, silently) or orjson refuses it (NaN, a lone surrogate): then json, which
+    wrote it. Bodies are still written by json.dumps: the compare-and-swap compares text."""
+    if _LONG_DIGITS.search(text) is None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
+_LONG_DIGITS = re.compile(r"\d{19}")

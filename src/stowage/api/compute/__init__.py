@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import compute_error, install_common
@@ -35,6 +34,7 @@ from stowage.api.compute import (
     volume_attachments,
 )
 from stowage.api.compute.microversion import MAX_VERSION, MIN_VERSION, install_microversions
+from stowage.api.responses import JSONResponse
 from stowage.services.cloud import Cloud
 
 __all__ = ["create_compute_app"]

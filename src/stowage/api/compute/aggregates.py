@@ -7,11 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_admin
 from stowage.api.common import ApiError, json_body
 from stowage.api.compute.microversion import mv
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import ConflictError, InvalidSpec
 from stowage.ledger.objects import Document
 from stowage.services import aggregates

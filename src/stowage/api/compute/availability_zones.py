@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_admin, require_context
+from stowage.api.responses import JSONResponse
 from stowage.services import compute_catalog as catalog
 
 __all__ = ["router"]

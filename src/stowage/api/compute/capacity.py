@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_admin
 from stowage.api.common import ApiError
+from stowage.api.responses import JSONResponse
 from stowage.services.capacity import capacity_if_host_fails
 
 __all__ = ["router"]

@@ -6,9 +6,9 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_admin
+from stowage.api.responses import JSONResponse
 from stowage.services.dashboard import CloudStatus, cloud_status
 
 __all__ = ["router"]

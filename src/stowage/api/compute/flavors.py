@@ -9,11 +9,12 @@ from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_admin, require_context
 from stowage.api.common import ApiError, Context, json_body, parse_limit
 from stowage.api.compute.microversion import mv
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import ConflictError, InvalidSpec
 from stowage.ledger.objects import Document
 from stowage.services import compute_catalog as catalog

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_admin
 from stowage.api.common import ApiError, on_loop
+from stowage.api.responses import JSONResponse
 from stowage.services.migrations import evacuate_host, outcome, planned
 
 router = APIRouter()

@@ -7,11 +7,11 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_admin
 from stowage.api.common import ApiError
 from stowage.api.compute.microversion import mv
+from stowage.api.responses import JSONResponse
 from stowage.services import compute_catalog as catalog
 from stowage.services.compute_catalog import HostView
 

@@ -12,11 +12,12 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.microversion import mv
+from stowage.api.responses import JSONResponse
 from stowage.services import images as image_service
 
 __all__ = ["router"]

@@ -6,12 +6,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import ApiError, Context
 from stowage.api.compute.microversion import mv
 from stowage.api.compute.servers import load_server
+from stowage.api.responses import JSONResponse
 
 router = APIRouter()
 

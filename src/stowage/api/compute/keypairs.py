@@ -17,11 +17,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_context, require_writer
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.microversion import mv
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import ConflictError, QuotaExceeded
 from stowage.ledger.objects import Document
 from stowage.services import compute_catalog as catalog

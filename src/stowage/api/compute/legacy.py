@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_admin, require_context
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.microversion import mv
 from stowage.api.compute.paging import page
+from stowage.api.responses import JSONResponse
 from stowage.ledger.objects import Document
 from stowage.services import compute_catalog as catalog
 from stowage.services import networks as net

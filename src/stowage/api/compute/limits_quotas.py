@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_admin, require_context
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.microversion import mv
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import InvalidSpec
 from stowage.services import compute_catalog as catalog
 from stowage.services import quotas as quotas_service

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.datastructures import MutableHeaders
 
 from stowage.api.asgi import OnResponse, ResponseHeaders
 from stowage.api.common import compute_error
+from stowage.api.responses import JSONResponse
 
 __all__ = ["MAX_VERSION", "MIN_VERSION", "Microversion", "install_microversions", "mv"]
 

@@ -8,13 +8,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_admin, require_context
 from stowage.api.common import ApiError, json_body
 from stowage.api.compute.microversion import Microversion, mv
 from stowage.api.compute.paging import page_migrations
 from stowage.api.compute.servers import load_server
+from stowage.api.responses import JSONResponse
 from stowage.ledger.objects import Document
 from stowage.services.cloud import Cloud
 

@@ -6,11 +6,12 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_admin
 from stowage.api.common import ApiError, json_body
 from stowage.api.compute.microversion import mv
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import InvalidSpec
 from stowage.services import compute_catalog as catalog
 from stowage.services.compute_catalog import ControlService, HostView

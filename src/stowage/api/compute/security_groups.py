@@ -10,12 +10,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.microversion import mv
 from stowage.api.compute.servers import load_server
+from stowage.api.responses import JSONResponse
 from stowage.services import networks as net
 
 __all__ = ["router"]

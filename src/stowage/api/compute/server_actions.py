@@ -8,11 +8,12 @@ import asyncio
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import ApiError, Context
 from stowage.api.compute.microversion import mv
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import ConflictError
 from stowage.ledger.objects import Document
 from stowage.services import consoles

@@ -7,12 +7,13 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from sqlalchemy.exc import IntegrityError
 
 from stowage.api.auth import cloud_of, require_context, require_writer
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.microversion import mv
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import NotFound
 from stowage.domain.groups import GroupPolicy, ServerGroup, parse_group
 from stowage.services import compute_catalog as catalog

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.server_views import check_metadata
 from stowage.api.compute.servers import load_server
+from stowage.api.responses import JSONResponse
 from stowage.services import compute_catalog as catalog
 from stowage.services.instances import write_instance
 

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import ApiError, Context, json_body
@@ -46,6 +46,7 @@ from stowage.api.compute.server_views import (
     matches_more,
     omit_unset,
 )
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import InvalidSpec, NotFound
 from stowage.ledger.objects import Document
 from stowage.services.cloud import Cloud

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_admin
 from stowage.api.common import ApiError, json_body, on_loop
+from stowage.api.responses import JSONResponse
 from stowage.bus.base import BusError, RemoteError
 from stowage.services.compute import instance_hosts
 from stowage.services.migrations import host_is_up

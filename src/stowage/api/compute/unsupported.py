@@ -5,12 +5,12 @@ what its driver cannot do (never accepted and dropped), and a server's interface
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import ApiError
 from stowage.api.compute.microversion import Microversion
 from stowage.api.compute.servers import load_server
+from stowage.api.responses import JSONResponse
 from stowage.ledger.objects import Document
 from stowage.services import networks
 

@@ -8,12 +8,13 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.compute.microversion import mv
 from stowage.api.compute.servers import load_server, settled
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import ConflictError, NotFound
 from stowage.ledger.objects import Document
 from stowage.services.compute import record_action

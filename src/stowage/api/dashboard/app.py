@@ -15,13 +15,14 @@ import httpx
 import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from stowage.api.common import Context
 from stowage.api.dashboard import session
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import ConflictError, NotFound, StowageError
 from stowage.services import dashboard as reads
 from stowage.services.capacity import capacity_if_domain_fails, capacity_if_host_fails

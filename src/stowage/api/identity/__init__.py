@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import identity_error, install_common, www_authenticate
@@ -20,6 +19,7 @@ from stowage.api.identity import (
     unimplemented,
 )
 from stowage.api.identity.views import iso
+from stowage.api.responses import JSONResponse
 from stowage.services.cloud import Cloud
 from stowage.services.identity import Forbidden, Unauthorized
 

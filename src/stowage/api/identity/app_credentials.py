@@ -7,12 +7,13 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import Context
 from stowage.api.identity.policy import forbid
 from stowage.api.identity.views import base_of, collection, envelope, iso
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import NotFound
 from stowage.ledger.objects import Document
 from stowage.services import app_credentials as svc

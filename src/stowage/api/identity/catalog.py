@@ -6,11 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.identity.policy import admin, reader_of_all
 from stowage.api.identity.views import base_of, collection, envelope, keep
+from stowage.api.responses import JSONResponse
 from stowage.ledger.objects import Document
 from stowage.services import catalog as svc
 

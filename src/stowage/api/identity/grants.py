@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.common import ApiError
 from stowage.api.identity.policy import Caller, admin, caller, forbid
@@ -19,6 +19,7 @@ from stowage.api.identity.views import (
     project_view,
     role_view,
 )
+from stowage.api.responses import JSONResponse
 from stowage.ledger.objects import Document
 from stowage.services.cloud import DEFAULT_DOMAIN
 from stowage.services.identity import IMPLIED_ROLES, Grant, IdentityDirectory

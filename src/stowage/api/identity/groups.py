@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import ApiError
@@ -20,6 +20,7 @@ from stowage.api.identity.views import (
     role_view,
     user_view,
 )
+from stowage.api.responses import JSONResponse
 from stowage.ledger.objects import Document
 from stowage.services.identity_groups import GroupDirectory
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.common import ApiError, json_body
 from stowage.api.identity.policy import Caller, admin, caller, forbid
@@ -21,6 +21,7 @@ from stowage.api.identity.views import (
     role_view,
     user_view,
 )
+from stowage.api.responses import JSONResponse
 from stowage.ledger.objects import Document
 from stowage.services.identity import IdentityDirectory, check_tags
 

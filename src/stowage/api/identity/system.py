@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import ApiError
 from stowage.api.identity.policy import admin, caller, forbid
 from stowage.api.identity.views import base_of, collection, role_view
+from stowage.api.responses import JSONResponse
 from stowage.services import identity_system as svc
 
 __all__ = ["router"]

@@ -6,11 +6,12 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, context_from_token, require_context
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.identity.views import iso
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import NotFound
 from stowage.ledger.objects import Document
 from stowage.services import app_credentials

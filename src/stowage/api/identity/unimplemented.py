@@ -10,10 +10,10 @@ that pretends.
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import require_context
 from stowage.api.common import identity_error
+from stowage.api.responses import JSONResponse
 
 __all__ = ["router"]
 

@@ -9,13 +9,14 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, Response
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 
 from stowage.api.auth import cloud_of, require_context, require_writer
 from stowage.api.common import ApiError, Context, json_body, on_loop, parse_limit
 from stowage.api.image.schemas import image_schema, images_schema
+from stowage.api.responses import JSONResponse
 from stowage.services import images as svc
 
 __all__ = ["router"]

@@ -15,10 +15,11 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import ApiError, compute_error, install_common
+from stowage.api.responses import JSONResponse
 from stowage.domain.errors import NotFound
 from stowage.services import guest_metadata as service
 from stowage.services.cloud import Cloud

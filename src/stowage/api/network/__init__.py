@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import install_common, network_error
 from stowage.api.network import quotas, resources
+from stowage.api.responses import JSONResponse
 from stowage.services.cloud import Cloud
 
 __all__ = ["create_network_app"]

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of, require_context
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.network.resources import NeutronRoute
+from stowage.api.responses import JSONResponse
 from stowage.services.networks import AVAILABILITY_ZONE
 from stowage.services.networks import quotas as svc
 

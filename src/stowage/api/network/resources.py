@@ -15,11 +15,12 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from stowage.api.auth import cloud_of, require_context, require_writer
 from stowage.api.common import ApiError, Context, json_body
+from stowage.api.responses import JSONResponse
 from stowage.services import networks as svc
 from stowage.services.cloud import Cloud
 from stowage.services.networks import l3

@@ -7,7 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.common import ApiError
 from stowage.api.placement.microversion import Version, pv
@@ -20,6 +20,7 @@ from stowage.api.placement.support import (
     store_of,
     valid_uuid,
 )
+from stowage.api.responses import JSONResponse
 from stowage.services.placement import (
     Allocation,
     Candidate,

@@ -6,11 +6,12 @@ import contextvars
 from email.utils import formatdate
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.datastructures import MutableHeaders
 
 from stowage.api.asgi import OnResponse, ResponseHeaders
 from stowage.api.common import ApiError, placement_error
+from stowage.api.responses import JSONResponse
 
 __all__ = [
     "MAX_VERSION",

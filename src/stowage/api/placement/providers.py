@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from stowage.api.common import ApiError
@@ -23,6 +23,7 @@ from stowage.api.placement.support import (
     store_of,
     valid_uuid,
 )
+from stowage.api.responses import JSONResponse
 from stowage.services.placement import (
     LEDGER_CLASSES,
     DuplicateName,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 
 from stowage.api.placement import allocations, providers, traits
 from stowage.api.placement.microversion import MAX_VERSION, MIN_VERSION
+from stowage.api.responses import JSONResponse
 
 __all__ = ["router"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from stowage.api.common import ApiError
@@ -18,6 +18,7 @@ from stowage.api.placement.support import (
     prefix,
     store_of,
 )
+from stowage.api.responses import JSONResponse
 from stowage.services.placement import (
     GenerationConflict,
     PlacementNotFound,

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import compute_error, install_common
+from stowage.api.responses import JSONResponse
 from stowage.api.volume import resources, volumes
 from stowage.api.volume.microversion import MAX_VERSION, MIN_VERSION, install_microversions
 from stowage.services.cloud import Cloud

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import ApiError, Context, json_body, parse_limit
+from stowage.api.responses import JSONResponse
 from stowage.api.volume.microversion import vmv
 from stowage.api.volume.views import (
     attachment_view,

@@ -7,10 +7,11 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import ApiError, Context, json_body, parse_limit
+from stowage.api.responses import JSONResponse
 from stowage.api.volume.microversion import vmv
 from stowage.api.volume.views import context, mapped, volume_view, writer
 from stowage.domain.errors import StowageError
