@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, insert, or_, select, update
 
 from stowage.ledger.db import READONLY
+from stowage.ledger.objects import decode_body
 from stowage.ledger.schema import operations
 
 __all__ = ["ACTIVE_STATES", "TERMINAL_STATES", "Operation", "OperationEnded", "Operations"]
@@ -64,8 +65,8 @@ def _row(row: Any) -> Operation:
         migration_id=row.migration_id,
         state=row.state,
         step=row.step,
-        payload=json.loads(row.payload),
-        result=None if row.result is None else json.loads(row.result),
+        payload=decode_body(row.payload),
+        result=None if row.result is None else decode_body(row.result),
         attempts=row.attempts,
         created_at=row.created_at,
         next_at=row.next_at,
@@ -265,6 +266,20 @@ class Operations:
         with self.engine.connect().execution_options(**READONLY) as conn:
             rows = conn.execute(query.order_by(operations.c.created_at, operations.c.id)).all()
         return [_row(r) for r in rows]
+
+    def active_cleanups(self) -> list[tuple[float, str, str]]:
+        """(created_at, id, host) of the unfinished clean-ups and deletes, oldest first: what
+        the conductor reads at every poll, without decoding every active operation."""
+        query = (
+            select(operations.c.created_at, operations.c.id, operations.c.host)
+            .where(
+                operations.c.state.in_(ACTIVE_STATES),
+                operations.c.kind.in_(("cleanup", "delete")),
+            )
+            .order_by(operations.c.created_at, operations.c.id)
+        )
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            return [(float(c), str(i), str(h)) for c, i, h in conn.execute(query)]
 
     def of_migration(self, migration_id: str) -> list[Operation]:
         with self.engine.connect().execution_options(**READONLY) as conn:

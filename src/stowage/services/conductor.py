@@ -241,7 +241,7 @@ class Conductor:
                 exclude=frozenset(self._active),
             )
         )
-        blocked = await asyncio.to_thread(self._hosts_with_cleanups)
+        blocked = await asyncio.to_thread(self._hosts_with_cleanups, leased)
         # Scheduling steps talk to no agent: the due ones are planned together, in one task.
         planning = [op for op in leased if op.step == "schedule" and op.id not in self._active]
         if planning:
@@ -266,16 +266,18 @@ class Conductor:
             if known is task:
                 del self._active[op_id]
 
-    def _hosts_with_cleanups(self) -> dict[str, set[str]]:
-        """For each active op: the hosts with an older, unfinished clean-up."""
-        active = self.ops.active()
-        blocked: dict[str, set[str]] = {}
-        cleaning: set[str] = set()
-        for op in active:
-            blocked[op.id] = set(cleaning)
-            if op.kind in ("cleanup", "delete"):
-                cleaning.add(op.host)
-        return blocked
+    def _hosts_with_cleanups(self, ops: list[Operation]) -> dict[str, set[str]]:
+        """For each of `ops`: the hosts with an older (in the order operations are listed,
+        created_at then id), unfinished clean-up or delete."""
+        cleanups = self.ops.active_cleanups()
+        return {
+            op.id: {
+                host
+                for created, op_id, host in cleanups
+                if (created, op_id) < (op.created_at, op.id)
+            }
+            for op in ops
+        }
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until no operation is active (tests and shutdown); True when drained."""
