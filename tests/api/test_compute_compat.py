@@ -287,3 +287,21 @@ def test_a_resize_over_the_servers_project_quota_is_refused(cloud: RunningCloud)
     assert cloud.osc_json("server", "show", sid)["status"] == "ACTIVE"
     cloud.osc("server", "delete", "--wait", sid)
     cloud.osc("flavor", "delete", name)
+
+
+def test_a_port_deleted_through_the_network_api_leaves_the_servers_addresses(
+    cloud: RunningCloud,
+) -> None:
+    """Before the fix the server's `addresses` (Nova's network info cache) kept the deleted
+    port's address; Nova drops it on Neutron's network-vif-deleted event."""
+    sid = boot_on_private(cloud, unique("vif-gone"))
+    (port,) = cloud.osc_json("port", "list", "--server", sid)
+    address = port["Fixed IP Addresses"][0]["ip_address"]
+    shown = cloud.compute("GET", f"/servers/{sid}").json()["server"]
+    assert [a["addr"] for a in shown["addresses"]["private"]] == [address]
+    cloud.osc("port", "delete", port["ID"])
+    shown = cloud.compute("GET", f"/servers/{sid}").json()["server"]
+    assert shown["addresses"] == {}
+    listed = cloud.compute("GET", f"/servers/{sid}/ips").json()
+    assert listed["addresses"] == {}
+    cloud.osc("server", "delete", "--wait", sid)

@@ -98,6 +98,21 @@ def release_ports(cloud: Cloud, device_id: str) -> int:
     return len(ports)
 
 
+def refresh_server_addresses(cloud: Cloud, device_id: str) -> None:
+    """Nova's network info cache of a server, rebuilt from its ports and floating IPs (what
+    Neutron's network-changed and network-vif-deleted events make Nova do); nothing when
+    `device_id` is no server."""
+    # Late: the instance store imports the cloud, which imports this package.
+    from stowage.services.instances import write_instance
+
+    doc = cloud.objects.find("instance", device_id)
+    if doc is None:
+        return
+    addresses = addresses_of(cloud, doc.id)
+    if doc.body.get("addresses") != addresses:
+        write_instance(cloud, doc.id, doc.body, {**doc.body, "addresses": addresses})
+
+
 def addresses_of(cloud: Cloud, device_id: str) -> dict[str, list[dict[str, Any]]]:
     """A server's `addresses`, as nova shows them: network name to its fixed addresses and
     the floating ones associated with them."""

@@ -551,20 +551,13 @@ def update_floatingip(
 
 
 def _refresh_server_of(cloud: Cloud, port_id: str) -> None:
-    """Nova's network info cache of the server behind a port, rebuilt from its ports and
-    floating IPs (what Neutron's network-changed event makes Nova do)."""
-    # Late: the instance store imports the cloud, which imports this package.
-    from stowage.services.instances import write_instance
-    from stowage.services.networks.devices import addresses_of
+    """The addresses of the server behind a port (see devices.refresh_server_addresses)."""
+    from stowage.services.networks.devices import refresh_server_addresses
 
     port = cloud.objects.find("port", port_id)
     if port is None or not str(port.body.get("device_owner", "")).startswith("compute:"):
         return
-    doc = cloud.objects.find("instance", str(port.body["device_id"]))
-    if doc is None:
-        return
-    after = {**doc.body, "addresses": addresses_of(cloud, doc.id)}
-    write_instance(cloud, doc.id, doc.body, after)
+    refresh_server_addresses(cloud, str(port.body["device_id"]))
 
 
 def delete_floatingip(cloud: Cloud, caller: Caller, fip_id: str) -> None:

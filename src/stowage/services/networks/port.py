@@ -293,6 +293,10 @@ def update_port(
             cloud,
             [ip for ip in port["fixed_ips"] if (ip["subnet_id"], ip["ip_address"]) not in kept],
         )
+        if str(saved.get("device_owner", "")).startswith("compute:") and saved.get("device_id"):
+            from stowage.services.networks.devices import refresh_server_addresses
+
+            refresh_server_addresses(cloud, str(saved["device_id"]))
         return _render_port(saved, caller)
     return _render_port(_save(cloud, "port", new), caller)
 
@@ -304,3 +308,8 @@ def delete_port(cloud: Cloud, caller: Caller, port_id: str) -> None:
         if net is None or net.body["project_id"] != caller.project_id:
             raise _denied("delete_port")
     _drop_port(cloud, port)
+    if str(port.get("device_owner", "")).startswith("compute:") and port.get("device_id"):
+        # The server's addresses lose the port's, as Nova's on network-vif-deleted.
+        from stowage.services.networks.devices import refresh_server_addresses
+
+        refresh_server_addresses(cloud, str(port["device_id"]))
