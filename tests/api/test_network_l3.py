@@ -137,3 +137,44 @@ def test_novas_floating_ip_proxy_and_actions(cloud: RunningCloud, team: Personas
     assert released.status_code == 202
     assert member.get(f"/floatingips/{fip['id']}").status_code == 404
     cloud.compute("DELETE", f"/servers/{server_id}", token=token)
+
+
+def test_gateway_and_floating_ip_ports_belong_to_no_project(cloud: RunningCloud) -> None:
+    """As in Neutron: a router's gateway port and a floating IP's port count against no
+    project's port quota and are not in a member's port list. Before the fix a project at its
+    port quota could make neither a gateway nor a floating IP."""
+    team = personas(cloud, "noport")
+    project = team.project["id"]
+    member = _neutron(cloud, team.token("member"))
+    admin = _neutron(cloud, cloud.token())
+    net = member.post("/networks", {"network": {"name": unique("q")}}).json()["network"]
+    member.post(
+        "/subnets", {"subnet": {"network_id": net["id"], "ip_version": 4, "cidr": "10.5.4.0/24"}}
+    )
+    first = member.post("/ports", {"port": {"network_id": net["id"]}})
+    assert first.status_code == 201, first.text
+    cloud.osc("quota", "set", "--ports", "1", project)  # used up by the port above
+    assert member.post("/ports", {"port": {"network_id": net["id"]}}).status_code == 409
+    public = member.get("/networks", params={"name": "public"}).json()["networks"][0]
+    router = member.post(
+        "/routers",
+        {"router": {"name": unique("r"), "external_gateway_info": {"network_id": public["id"]}}},
+    )
+    assert router.status_code == 201, router.text
+    fip = member.post("/floatingips", {"floatingip": {"floating_network_id": public["id"]}})
+    assert fip.status_code == 201, fip.text
+    router_id, fip_id = router.json()["router"]["id"], fip.json()["floatingip"]["id"]
+    mine = member.get("/ports").json()["ports"]
+    assert [p["id"] for p in mine] == [first.json()["port"]["id"]]
+    every = admin.get("/ports").json()["ports"]
+    owners = {p["device_id"]: p["project_id"] for p in every}
+    assert owners[router_id] == "" and owners[fip_id] == ""
+    used = cloud.osc_json("quota", "show", "--usage", project)
+    ports = next(r for r in used if r["Resource"] == "ports")
+    assert ports["In Use"] == 1, used
+    assert member.delete(f"/floatingips/{fip_id}").status_code == 204
+    cleared = member.put(f"/routers/{router_id}", {"router": {"external_gateway_info": {}}})
+    assert cleared.status_code == 200, cleared.text
+    assert member.delete(f"/routers/{router_id}").status_code == 204
+    left = admin.get("/ports").json()["ports"]
+    assert not [p for p in left if p["device_id"] in (router_id, fip_id)]

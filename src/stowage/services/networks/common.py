@@ -149,7 +149,9 @@ def _text(attr: str, value: Any, max_len: int = 255) -> str:
 
 
 def _owner(attrs: Mapping[str, Any], caller: Caller) -> str:
-    project = attrs.get("project_id") or attrs.get("tenant_id") or caller.project_id
+    project = attrs.get("project_id", attrs.get("tenant_id"))
+    if project is None or (project == "" and not caller.is_admin):
+        project = caller.project_id
     if "project_id" in attrs and "tenant_id" in attrs and attrs["project_id"] != attrs["tenant_id"]:
         raise _invalid("project_id", "project_id and tenant_id do not match")
     project = _text("project_id", project)

@@ -82,6 +82,12 @@ _FIP_CREATE = (
 _FIP_UPDATE = ("port_id", "fixed_ip_address", "description")
 
 
+# A router's gateway port and a floating IP's port belong to no project, as in Neutron: no
+# project's port quota counts them and no member lists them (the router and the floating IP
+# show their addresses).
+_NO_PROJECT: dict[str, Any] = {"project_id": "", "security_groups": []}
+
+
 def _system(project_id: str) -> _As:
     return _As(project_id, True)
 
@@ -189,11 +195,11 @@ def _plug_gateway(cloud: Cloud, router: dict[str, Any], info: dict[str, Any] | N
         "network_id": info["network_id"],
         "device_id": router["id"],
         "device_owner": GATEWAY,
-        "project_id": router["project_id"],
+        **_NO_PROJECT,
     }
     if fixed:
         attrs["fixed_ips"] = fixed
-    create_port(cloud, _system(router["project_id"]), attrs)
+    create_port(cloud, _system(""), attrs)
     router["external_gateway_info"] = info
 
 
@@ -517,13 +523,13 @@ def create_floatingip(cloud: Cloud, caller: Caller, attrs: Mapping[str, Any]) ->
         "network_id": net["id"],
         "device_id": fip_id,
         "device_owner": FLOATING,
-        "project_id": project,
+        **_NO_PROJECT,
     }
     if want:
         port_attrs["fixed_ips"] = [want]
     create_counted(cloud, "floatingip", fip_id, body, project_id=project)
     try:
-        port = create_port(cloud, _system(project), port_attrs)
+        port = create_port(cloud, _system(""), port_attrs)
     except BaseException:
         cloud.objects.delete("floatingip", fip_id)
         raise

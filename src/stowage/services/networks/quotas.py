@@ -208,10 +208,11 @@ def create_counted(
     kind = _KINDS[resource]
     try:
         with cloud.ledger.engine.begin() as conn:
-            lock_project(conn, f"network:{project_id}")
-            limit = _limit_in(conn, project_id, resource)
-            if limit >= 0 and _count_in(conn, project_id, kind) >= limit:
-                raise over_quota(resource)
+            if project_id:  # "": a port of no project (a gateway's, a floating IP's)
+                lock_project(conn, f"network:{project_id}")
+                limit = _limit_in(conn, project_id, resource)
+                if limit >= 0 and _count_in(conn, project_id, kind) >= limit:
+                    raise over_quota(resource)
             return cloud.objects.create_in(
                 conn, kind, doc_id, body, project_id=project_id, name=name
             )
