@@ -3,6 +3,7 @@ does, attach and detach, and what a server's delete does to its volumes."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -195,18 +196,37 @@ def test_shelve_offload_holds_nothing_and_unshelve_claims_again_on_the_named_hos
     cloud.compute("DELETE", f"/servers/{server_id}")
 
 
-def test_an_image_backed_server_is_not_shelved_without_its_disk(cloud: RunningCloud) -> None:
-    image = httpx.get(
-        f"{cloud.base_url}/image/v2/images?name={IMAGE}", headers={"X-Auth-Token": cloud.token()}
-    ).json()["images"][0]["id"]
-    created = cloud.compute(
-        "POST",
-        "/servers",
-        json={"server": {"name": unique("img"), "flavorRef": "1", "imageRef": image,
-                         "networks": "none"}},
-    )  # fmt: skip
-    server_id = created.json()["server"]["id"]
-    refused = cloud.compute("POST", f"/servers/{server_id}/action", json={"shelve": None})
-    assert refused.status_code == 501
-    assert cloud.compute("GET", f"/servers/{server_id}").json()["server"]["status"] == "ACTIVE"
-    cloud.compute("DELETE", f"/servers/{server_id}")
+def test_an_image_backed_server_is_shelved_into_an_image_and_unshelved_from_it(
+    cloud: RunningCloud,
+) -> None:
+    """Before: refused (501). Now, as Nova: its disk goes into `<name>-shelved`, the server
+    holds nothing while SHELVED_OFFLOADED, unshelve boots it from that image and deletes the
+    image; a shelved server's delete deletes it too."""
+    name = unique("shelf-img")
+    server = cloud.boot(name)
+    host = server["OS-EXT-SRV-ATTR:host"]
+    disk = cloud.state_dir / "sim" / host / f"{server['id']}.img"
+    checksum = hashlib.md5(disk.read_bytes(), usedforsecurity=False).hexdigest()
+
+    cloud.osc("server", "shelve", "--wait", name)
+    shelved = cloud.compute("GET", f"/servers/{server['id']}").json()["server"]
+    assert (shelved["status"], shelved["OS-EXT-SRV-ATTR:host"]) == ("SHELVED_OFFLOADED", None)
+    assert allocations(cloud, server["id"]) == {}
+    assert not disk.exists()  # the guest is gone from its host
+    image = cloud.osc_json("image", "show", f"{name}-shelved")
+    assert (image["status"], image["checksum"]) == ("active", checksum)
+    assert image["properties"]["instance_uuid"] == server["id"]
+    audit_clean(cloud)
+
+    cloud.osc("server", "unshelve", "--wait", name)
+    back = cloud.compute("GET", f"/servers/{server['id']}").json()["server"]
+    assert back["status"] == "ACTIVE" and allocations(cloud, server["id"])
+    assert back["image"]["id"] == cloud.osc_json("image", "show", IMAGE)["id"]  # the original
+    gone = cloud.osc("image", "show", f"{name}-shelved", check=False)
+    assert gone.returncode != 0
+
+    cloud.osc("server", "shelve", "--wait", name)
+    again = cloud.osc_json("image", "show", f"{name}-shelved")
+    cloud.osc("server", "delete", "--wait", name)
+    assert cloud.osc("image", "show", again["id"], check=False).returncode != 0
+    audit_clean(cloud)

@@ -635,12 +635,16 @@ def _delete_once(cloud: Cloud, instance_id: str) -> bool:
             ops.enqueue("delete", instance_id, host, step="destroy", conn=conn)
         return True
 
+    from stowage.services.shelve import drop_image_data, drop_shelved_image_in
+
     doomed: list[str] = []
+    shelved: list[str | None] = []
 
     def gone(conn: Connection) -> None:
         if not cloud.objects.swap_in(conn, "instance", instance_id, doc.body, doc.body):
             raise _Changed
         doomed.extend(server_volumes.release_server_volumes(cloud, conn, doc.body))
+        shelved.append(drop_shelved_image_in(cloud, conn, doc.body))
         cloud.objects.delete_in(conn, "instance", instance_id)
         overtake(conn)
         if host and host not in {m.dest for m in moves}:
@@ -653,6 +657,8 @@ def _delete_once(cloud: Cloud, instance_id: str) -> bool:
         cloud.ledger.release(instance_id, also=gone)
     except _Changed:
         return False
+    for image_id in shelved:
+        drop_image_data(cloud, image_id)
     for volume_id in doomed:
         volume_service.drive(cloud, "volume", volume_id)
     return True
@@ -823,6 +829,47 @@ def instance_hosts(cloud: Cloud) -> Mapping[int, str]:
 _SNAPSHOTTABLE = frozenset({"ACTIVE", "SHUTOFF", "PAUSED", "SUSPENDED"})
 
 
+def queued_snapshot(
+    cloud: Cloud,
+    caller: Any,
+    conn: Connection,
+    body: Mapping[str, Any],
+    name: str,
+    metadata: Mapping[str, str],
+) -> dict[str, Any]:
+    """The queued image a snapshot of the instance `body` fills, in the base image's
+    formats, created inside `conn`'s transaction."""
+    from stowage.services import images
+
+    base = images.find_image(cloud, body.get("image_id") or "") or {}
+    return images.create_image(
+        cloud,
+        caller,
+        {
+            "name": name,
+            "disk_format": base.get("disk_format") or "raw",
+            "container_format": base.get("container_format") or "bare",
+            "visibility": "private",
+            "image_type": "snapshot",
+            "instance_uuid": body["id"],
+            "base_image_ref": body.get("image_id") or "",
+            "owner_project_name": "",
+            **{k: str(v) for k, v in metadata.items()},
+        },
+        conn=conn,
+    )
+
+
+def snapshot_payload(image: Mapping[str, Any], caller: Any, request_id: str) -> dict[str, Any]:
+    """What the conductor's `snapshot` step sends the agent: the image to fill and its format."""
+    return {
+        "image_id": image["id"],
+        "disk_format": image.get("disk_format"),
+        "project_id": caller.project_id,
+        "request_id": request_id,
+    }
+
+
 def snapshot_server(
     cloud: Cloud,
     caller: Any,
@@ -836,8 +883,6 @@ def snapshot_server(
     All or nothing: the image becomes active when every byte arrived, and is deleted when
     the upload fails.
     """
-    from stowage.services import images
-
     body = dict(cloud.objects.get("instance", instance_id).body)
     if body["status"] not in _SNAPSHOTTABLE or body.get("task_state") is not None:
         raise ConflictError(
@@ -846,41 +891,20 @@ def snapshot_server(
         )
     if not body.get("host"):
         raise ConflictError(f"Instance {instance_id} has no host to take a snapshot on.")
-    base = images.find_image(cloud, body.get("image_id") or "") or {}
     before = dict(body)
     body["task_state"] = "image_uploading"
     # One unit of work: the queued image, the instance's task state and the operation that
     # fills the image commit together, so a refused request or a crash leaves no image that
     # nothing will ever fill.
     with cloud.ledger.engine.begin() as conn:
-        created = images.create_image(
-            cloud,
-            caller,
-            {
-                "name": name,
-                "disk_format": base.get("disk_format") or "raw",
-                "container_format": base.get("container_format") or "bare",
-                "visibility": "private",
-                "image_type": "snapshot",
-                "instance_uuid": instance_id,
-                "base_image_ref": body.get("image_id") or "",
-                "owner_project_name": "",
-                **{k: str(v) for k, v in metadata.items()},
-            },
-            conn=conn,
-        )
+        created = queued_snapshot(cloud, caller, conn, body, name, metadata)
         take_instance(cloud, conn, instance_id, before, body, "createImage")
         cloud.operations.enqueue(
             "snapshot",
             instance_id,
             body["host"],
             step="snapshot",
-            payload={
-                "image_id": created["id"],
-                "disk_format": created.get("disk_format"),
-                "project_id": caller.project_id,
-                "request_id": request_id,
-            },
+            payload=snapshot_payload(created, caller, request_id),
             conn=conn,
         )
     cloud.kick()

@@ -536,15 +536,20 @@ class Conductor:
                 )
             return
         if reply.get("ok"):
+            from stowage.services.shelve import drop_image_data, drop_shelved_image_in
+
             body.update(status="ACTIVE", vm_state="active", power_state=1, task_state=None)
             if op.kind == "build":
                 body["launched_at"] = cloud.clock()
             else:
                 body["fault"] = None
+            body.pop("shelved_image_id", None)  # unshelved: its image goes (Nova's)
             with cloud.ledger.engine.begin() as conn:
                 write_instance(cloud, op.instance_id, before, body, conn=conn)
                 server_volumes.attached_ended(cloud, conn, op.instance_id, True)
                 self.ops.advance(conn, op.id, state="done", result=reply)
+                shelved = drop_shelved_image_in(cloud, conn, before)
+            drop_image_data(cloud, shelved)
             _event(cloud, op, body, "Success", None)
             return
         message = f"Build of instance {op.instance_id} aborted: {reply.get('error')}"
@@ -586,15 +591,18 @@ class Conductor:
         cloud = self.cloud
         if op.kind == "delete":
             from stowage.services import networks
+            from stowage.services.shelve import drop_image_data, drop_shelved_image_in
 
             doomed: list[str] = []
+            shelved_images: list[str | None] = []
 
             def gone(conn: Connection) -> None:
                 found = cloud.objects.find_in(conn, "instance", op.instance_id)
                 if found is not None:
                     # Its volumes are let go (and those to delete on termination marked so)
-                    # in the commit that forgets it.
+                    # in the commit that forgets it, and the image a shelve left for it.
                     doomed.extend(server_volumes.release_server_volumes(cloud, conn, found.body))
+                    shelved_images.append(drop_shelved_image_in(cloud, conn, found.body))
                 cloud.objects.delete_in(conn, "instance", op.instance_id)
                 self.ops.advance(conn, op.id, state="done", result=reply)
 
@@ -602,6 +610,8 @@ class Conductor:
             # (the ports are gone, the rest is repeatable), never a port of no server.
             networks.release_ports(cloud, op.instance_id)
             cloud.ledger.release(op.instance_id, also=gone)
+            for image_id in shelved_images:
+                drop_image_data(cloud, image_id)
             for volume_id in doomed:
                 volume_service.drive(cloud, "volume", volume_id)
         elif op.kind == "shelve":
@@ -611,7 +621,7 @@ class Conductor:
             def shelved(conn: Connection) -> None:
                 found = cloud.objects.find_in(conn, "instance", op.instance_id)
                 if found is not None:
-                    after = offloaded(found.body)
+                    after = offloaded(found.body, op.payload.get("image_id"))
                     write_instance(cloud, op.instance_id, found.body, after, conn=conn)
                 self.ops.advance(conn, op.id, state="done", result=reply)
 
@@ -682,12 +692,17 @@ class Conductor:
 
         cloud = self.cloud
         doc = cloud.objects.find("instance", op.instance_id)
+        shelving = op.kind == "shelve" and bool(reply.get("ok"))
         with cloud.ledger.engine.begin() as conn:
             if doc is not None:
                 body = dict(doc.body)
                 before = doc.body
-                body["task_state"] = None
+                # A shelve goes on to offload the guest once its disk is in the image.
+                body["task_state"] = "shelving_offloading" if shelving else None
                 write_instance(cloud, op.instance_id, before, body, conn=conn)
+            if shelving:
+                self.ops.advance(conn, op.id, step="destroy")
+                return
             self.ops.advance(
                 conn, op.id, state="done" if reply.get("ok") else "failed", result=reply
             )

@@ -35,7 +35,9 @@ def guest_payload(
         "nics": [],
         "user_data": body.get("user_data"),  # base64, as the API stored it
     }
-    image = images.find_image(cloud, str(body.get("image_id") or "")) if body else None
+    # An unshelve boots from the image its shelve made of the disk.
+    image_id = (body.get("shelved_image_id") or body.get("image_id")) if body else None
+    image = images.find_image(cloud, str(image_id or "")) if body else None
     if image is not None and image.get("status") == "active":
         out["image"] = {
             "id": image["id"],

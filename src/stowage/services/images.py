@@ -501,7 +501,7 @@ def end_snapshot_in(cloud: Cloud, conn: Connection, op: Operation) -> None:
     overtook it, its agent died under the upload): the image goes, in the transaction that
     ends the operation, as Nova deletes a failed snapshot's image. An upload still running
     somewhere finds it gone when it commits (410) and keeps nothing."""
-    if op.kind != "snapshot":
+    if op.kind not in ("snapshot", "shelve") or not op.payload.get("image_id"):
         return
     doc = cloud.objects.find_in(conn, "image", str(op.payload.get("image_id") or ""))
     if doc is not None and doc.body.get("status") in ("queued", "saving"):

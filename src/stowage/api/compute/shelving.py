@@ -15,7 +15,7 @@ from stowage.api.compute.microversion import mv
 from stowage.domain.errors import ConflictError, NotFound
 from stowage.ledger.objects import Document
 from stowage.services.compute import record_action
-from stowage.services.shelve import ShelveUnsupported, shelve_server, unshelve_server
+from stowage.services.shelve import shelve_server, unshelve_server
 from stowage.services.soft_delete import force_delete
 
 __all__ = ["SHELVE_ACTIONS", "shelve_action"]
@@ -30,7 +30,7 @@ async def shelve_action(
     rid = request.state.request_id
     try:
         if action == "shelve":
-            await asyncio.to_thread(shelve_server, cloud, doc.id, rid)
+            await asyncio.to_thread(shelve_server, cloud, ctx, doc.id, rid)
         elif action == "forceDelete":
             await asyncio.to_thread(force_delete, cloud, doc.id)
         elif action == "shelveOffload":
@@ -44,8 +44,6 @@ async def shelve_action(
             await asyncio.to_thread(
                 unshelve_server, cloud, doc.id, rid, host=host, zone=zone, is_admin=ctx.is_admin
             )
-    except ShelveUnsupported as exc:
-        raise ApiError(501, exc.message) from None
     except ConflictError as exc:
         raise ApiError(409, exc.message) from None
     except NotFound as exc:
