@@ -573,6 +573,16 @@ def test_a_guest_is_defined_with_its_volumes_and_config_drive(
         driver.detach_volume(iid, "/dev/vda")
     assert caught.value.code == "virt.volume.root"
     driver.detach_volume(iid, "/dev/vdq")  # a device it lacks: no error
+    # A suspended guest's saved memory names its disks: neither attach nor detach then.
+    driver.suspend(iid)
+    for call in (
+        lambda: driver.attach_volume(iid, "/dev/vdc", _local(other)),
+        lambda: driver.detach_volume(iid, "/dev/vdb"),
+    ):
+        with pytest.raises(DriverError) as caught:
+            call()
+        assert caught.value.code == "virt.volume.suspended"
+    assert "vdb" in _disk_map(_xml(conn, iid))
 
     driver.destroy(iid)
     assert not iso.exists()

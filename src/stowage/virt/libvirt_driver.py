@@ -754,6 +754,12 @@ class LibvirtDriver:
             element = (live and _disk_xml(live, target)) or _disk_xml(config, target)
             if element is None:
                 return
+            if self._has_managed_save(DOMAIN_PREFIX + instance_id):
+                raise DriverError(
+                    f"instance {instance_id} is suspended: its saved memory names its disks, "
+                    "resume it to detach a volume",
+                    code="virt.volume.suspended",
+                )
             flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG if target in _disks(config) else 0
             if live is not None and target in _disks(live):
                 flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
