@@ -482,6 +482,48 @@ def test_user_data_reaches_the_hypervisor(cloud: Cloud) -> None:
     assert guest_payload(cloud, vm)["user_data"] == "aGVsbG8="
 
 
+def test_a_config_drive_and_the_volumes_reach_the_hypervisor(cloud: Cloud, tmp_path: Path) -> None:
+    """Before: a config drive was refused at the API and the driver port was told of no
+    volume, so a libvirt guest could not boot from one or have one when (re)defined."""
+    import json
+
+    from stowage.services.guest_spec import guest_payload
+    from stowage.services.instances import write_instance
+    from stowage.virt.driver import Guest
+
+    (plain,) = (d["id"] for d in build_servers(cloud, request(1), "r1"))
+    assert "config_drive" not in guest_payload(cloud, plain)  # other guests: as they were
+    assert "volumes" not in guest_payload(cloud, plain)
+    (vm,) = (d["id"] for d in build_servers(cloud, request(1, config_drive=True), "r2"))
+    doc = cloud.objects.get("instance", vm)
+    devices = [
+        {"volume_id": "v-root", "attachment_id": "a1", "device": "/dev/vda", "boot_index": 0},
+        {"volume_id": "v-data", "attachment_id": "a2", "device": "/dev/vdb", "boot_index": None},
+        {"volume_id": "v-new", "attachment_id": "a3", "device": "/dev/vdc", "attaching": True},
+    ]
+    write_instance(cloud, vm, doc.body, {**doc.body, "block_devices": devices})
+    guest = Guest.from_payload(guest_payload(cloud, vm))
+    assert [(v.device, v.boot_index, v.volume_id) for v in guest.volumes] == [
+        ("/dev/vda", 0, "v-root"),
+        ("/dev/vdb", None, "v-data"),  # the one still attaching is not the guest's yet
+    ]
+    assert guest.root_volume is not None
+    root = guest.root_volume.connection
+    assert root["driver_volume_type"] == "local"
+    assert Path(root["data"]["device_path"]).name == "volume-v-root"
+    assert guest.config_drive is not None
+    meta = json.loads(guest.config_drive["openstack/latest/meta_data.json"])
+    assert meta["uuid"] == vm
+    assert "openstack/latest/network_data.json" in guest.config_drive
+    # The simulated hypervisor writes the ISO beside its disk, and deletes it with it.
+    driver = SimDriver(SimConfig(disk_bytes=4096), disk_dir=tmp_path / "sim")
+    driver.spawn(vm, {}, [], 64, guest)
+    iso = tmp_path / "sim" / f"{vm}.config.iso"
+    assert iso.read_bytes()[0x8000:0x8006] == b"\x01CD001"
+    driver.destroy(vm)
+    assert not iso.exists()
+
+
 def test_a_spawn_the_bus_delivers_after_its_undo_is_refused(tmp_path: Path) -> None:
     """Found by the simulation (bus-late): a move's spawn on the destination, delivered after
     the conductor had given up on it and undone the destination, ran anyway: a guest the

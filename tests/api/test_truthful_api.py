@@ -279,7 +279,7 @@ def test_user_data_is_checked_kept_and_shown(cloud: RunningCloud, tmp_path: Path
 
 def test_what_this_cloud_cannot_do_is_refused_not_dropped(cloud: RunningCloud) -> None:
     cases: list[tuple[str, dict[str, Any]]] = [
-        ("2.96", {"config_drive": True}),
+        ("2.96", {"config_drive": "sometimes"}),
         ("2.56", {"personality": [{"path": "/etc/motd", "contents": "aGk="}]}),
         ("2.57", {"personality": [{"path": "/etc/motd", "contents": "aGk="}]}),
         ("2.63", {"trusted_image_certificates": ["0b5d2c72-12cc-4ba6-a8d7-3ff5cc1d8cb8"]}),
@@ -553,6 +553,7 @@ def test_a_subnet_cidr_with_host_bits_is_accepted_and_normalized(cloud: RunningC
 # For each create field: a value, and how a server built with it shows it (None: refused).
 CREATE_PROBES: dict[str, tuple[Any, Any]] = {
     "name": ("probe", lambda s: s["name"] == "probe"),
+    "config_drive": (True, lambda s: s["config_drive"] == "True"),
     "block_device_mapping_v2": (
         [
             {
@@ -595,7 +596,6 @@ CREATE_PROBES: dict[str, tuple[Any, Any]] = {
 CREATE_REFUSED: dict[str, Any] = {
     "personality": [{"path": "/etc/motd", "contents": "aGk="}],
     "block_device_mapping": [{"volume_id": "0b5d2c72-12cc-4ba6-a8d7-3ff5cc1d8cb8"}],
-    "config_drive": True,
     "trusted_image_certificates": ["0b5d2c72-12cc-4ba6-a8d7-3ff5cc1d8cb8"],
 }
 

@@ -1,4 +1,5 @@
-"""The guest disk built from Debian packages boots under QEMU (TCG) and prints its marker."""
+"""The guest disk built from Debian packages boots under QEMU (TCG) and prints its marker,
+the disks it sees and a config drive's meta_data.json."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from stowage.virt import guest_image
+from stowage.virt.config_drive import build_config_drive
 
 
 def _require(binary: str) -> str:
@@ -47,10 +49,13 @@ def test_the_guest_boots_under_tcg_and_counts(tmp_path: Path) -> None:
     disk = guest_image.build(
         tmp_path / "guest.raw", kernel=guest_image.default_kernel(), busybox=Path("/bin/busybox")
     )
+    cd = tmp_path / "config.iso"
+    build_config_drive({"openstack/latest/meta_data.json": b'{"uuid": "u-42"}'}, cd)
     serial = tmp_path / "serial.log"
     errors = tmp_path / "qemu.err"
     argv = [qemu, "-accel", "tcg", "-m", "256", "-display", "none", "-no-reboot", "-nodefaults"]
     argv += ["-drive", f"file={disk},format=raw,if=virtio", "-serial", f"file:{serial}"]
+    argv += ["-drive", f"file={cd},format=raw,if=ide,media=cdrom"]
     with errors.open("wb") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
     try:
@@ -67,6 +72,11 @@ def test_the_guest_boots_under_tcg_and_counts(tmp_path: Path) -> None:
         boot_id = marker.group(1)
         assert f"{guest_image.UPTIME_PREFIX} 1 boot_id={boot_id}" in text
         assert f"{guest_image.UPTIME_PREFIX} 2 boot_id={boot_id}" in text
+        # The disk modules load from the initramfs: the guest sees its disk and the cdrom,
+        # finds the config drive by its label and reads it.
+        assert f"{guest_image.DISKS_PREFIX} sr0 vda \n" in text
+        assert f"{guest_image.CONFIG_DRIVE_PREFIX} /dev/sr0\n" in text
+        assert f'{guest_image.META_DATA_PREFIX} {{"uuid": "u-42"}}\n' in text
     finally:
         proc.kill()
         proc.wait()

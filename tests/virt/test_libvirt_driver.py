@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -22,6 +23,7 @@ except ImportError as exc:
 
 from stowage.domain.topology import HostTopology, format_cpu_set
 from stowage.virt.driver import (
+    BlockDevice,
     Driver,
     DriverError,
     Guest,
@@ -35,6 +37,7 @@ from stowage.virt.libvirt_driver import (
     domain_xml,
     host_topology,
     rewrite_for_destination,
+    volume_disk,
 )
 
 TEST_URI = "test:///default"  # every open in this process shares one in-memory hypervisor
@@ -500,3 +503,189 @@ def test_topology_from_capabilities(conn: Any) -> None:
     everything = frozenset().union(*(c.cpus for c in topo.cells))
     assert topo.cpu_shared_set == everything - {0, 1}
     assert host_topology(caps).cpu_shared_set == everything  # Nova's default: all shared
+
+
+# -- volumes and the config drive ------------------------------------------------------
+
+
+def _local(path: Path, volume_id: str = "") -> dict[str, Any]:
+    """The local-file backend's connection info (services/volumes/backend.py)."""
+    return {
+        "driver_volume_type": "local",
+        "data": {"device_path": str(path), "volume_id": volume_id, "access_mode": "rw"},
+    }
+
+
+def _volume(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"volume-{name}"
+    with path.open("wb") as f:
+        f.truncate(1024 * 1024)
+    return path
+
+
+def _disk_map(root: ET.Element) -> dict[str, tuple[str | None, str | None, str | None]]:
+    out = {}
+    for el in root.findall("devices/disk"):
+        target, source = el.find("target"), el.find("source")
+        assert target is not None and source is not None
+        out[target.get("dev", "")] = (el.get("device"), source.get("file"), target.get("bus"))
+    return out
+
+
+def test_a_guest_is_defined_with_its_volumes_and_config_drive(
+    driver: LibvirtDriver, conn: Any, ids: Callable[[], str], tmp_path: Path
+) -> None:
+    iid = ids()
+    vol = _volume(tmp_path, "data")
+    files = {"openstack/latest/meta_data.json": b'{"uuid": "%s"}' % iid.encode()}
+    guest = Guest(
+        vcpus=1,
+        memory_mb=128,
+        pins={0: 1},
+        cells=(0,),
+        volumes=(BlockDevice("/dev/vdb", _local(vol, "v-data"), None, "v-data"),),
+        config_drive=files,
+    )
+    driver.spawn(iid, {0: 1}, [0], 128, guest)
+    root = _xml(conn, iid)
+    iso = driver.disk_dir / f"{iid}.config.iso"
+    disks = _disk_map(root)
+    assert disks["vda"] == ("disk", str(driver.disk_dir / f"{iid}.img"), "virtio")
+    assert disks["vdb"] == ("disk", str(vol), "virtio")
+    assert disks["hda"] == ("cdrom", str(iso), "ide")
+    assert root.find("features/acpi") is not None  # hotplug needs it
+    cdrom = next(el for el in root.findall("devices/disk") if el.get("device") == "cdrom")
+    assert cdrom.find("readonly") is not None
+    serials = [el.findtext("serial") for el in root.findall("devices/disk")]
+    assert "v-data" in serials
+    assert iso.read_bytes()[0x8000:0x8006] == b"\x01CD001"  # an ISO 9660 volume descriptor
+    # Attaching what the definition has already (the conductor does after a build) is no
+    # change; the same device for another volume, or the volume twice, is refused.
+    driver.attach_volume(iid, "/dev/vdb", _local(vol, "v-data"))
+    other = _volume(tmp_path, "other")
+    with pytest.raises(DriverError) as caught:
+        driver.attach_volume(iid, "/dev/vdb", _local(other))
+    assert caught.value.code == "virt.volume.device_in_use"
+    with pytest.raises(DriverError) as caught:
+        driver.attach_volume(iid, "/dev/vdc", _local(vol))
+    assert caught.value.code == "virt.volume.already_attached"
+    with pytest.raises(DriverError) as caught:
+        driver.detach_volume(iid, "/dev/vda")
+    assert caught.value.code == "virt.volume.root"
+    driver.detach_volume(iid, "/dev/vdq")  # a device it lacks: no error
+    # A suspended guest's saved memory names its disks: neither attach nor detach then.
+    driver.suspend(iid)
+    for call in (
+        lambda: driver.attach_volume(iid, "/dev/vdc", _local(other)),
+        lambda: driver.detach_volume(iid, "/dev/vdb"),
+    ):
+        with pytest.raises(DriverError) as caught:
+            call()
+        assert caught.value.code == "virt.volume.suspended"
+    assert "vdb" in _disk_map(_xml(conn, iid))
+
+    driver.destroy(iid)
+    assert not iso.exists()
+    assert vol.exists()  # a volume outlives the guest
+
+
+def test_a_guest_boots_from_its_root_volume(
+    driver: LibvirtDriver, conn: Any, ids: Callable[[], str], tmp_path: Path
+) -> None:
+    iid = ids()
+    vol = _volume(tmp_path, "root")
+    guest = Guest(
+        vcpus=1,
+        memory_mb=128,
+        pins={0: 2},
+        cells=(0,),
+        volumes=(BlockDevice("/dev/vda", _local(vol, "v-root"), 0, "v-root"),),
+    )
+    driver.spawn(iid, {0: 2}, [0], 128, guest)
+    assert _disk_map(_xml(conn, iid)) == {"vda": ("disk", str(vol), "virtio")}
+    assert not list(driver.disk_dir.glob(f"{iid}*"))  # no disk of its own
+    driver.attach_volume(iid, "/dev/vda", _local(vol, "v-root"))  # the root: no change
+    assert driver.export_disk(iid)["format"] == "volume"  # a cold move leaves it in place
+    with pytest.raises(DriverError) as caught:
+        driver.read_disk(iid, 65536)
+    assert caught.value.code == "virt.libvirt.volume_root"
+    driver.destroy(iid)
+    assert vol.exists()
+
+
+@pytest.mark.parametrize(
+    ("device", "connection", "code"),
+    [
+        ("/dev/vdb", {"driver_volume_type": "rbd", "data": {"name": "p/v"}}, "unsupported"),
+        ("/dev/vdb", {"driver_volume_type": "local", "data": {"device_path": "/no/such"}}, "open"),
+        ("/dev/sdb", None, "bad_device"),
+    ],
+)
+def test_volumes_this_host_cannot_open_are_refused_before_defining(
+    driver: LibvirtDriver,
+    conn: Any,
+    ids: Callable[[], str],
+    tmp_path: Path,
+    device: str,
+    connection: dict[str, Any] | None,
+    code: str,
+) -> None:
+    iid = ids()
+    volume = BlockDevice(device, connection or _local(_volume(tmp_path, "v")))
+    guest = Guest(vcpus=1, memory_mb=128, pins={0: 3}, cells=(0,), volumes=(volume,))
+    with pytest.raises(DriverError) as caught:
+        driver.spawn(iid, {0: 3}, [0], 128, guest)
+    assert caught.value.code == f"virt.volume.{code}"
+    assert DOMAIN_PREFIX + iid not in _domain_names(conn)
+    assert not list(driver.disk_dir.glob(f"{iid}*"))
+    other = ids()
+    driver.spawn(other, {0: 3}, [0], 128)
+    with pytest.raises(DriverError) as caught:
+        driver.attach_volume(other, device, volume.connection | {})
+    assert caught.value.code == f"virt.volume.{code}"
+
+
+def test_destination_xml_keeps_volumes_and_moves_the_config_drive(tmp_path: Path) -> None:
+    vol = _volume(tmp_path, "data")
+    guest = Guest(vcpus=1, memory_mb=128)
+    source = domain_xml(
+        instance_id="vm-1",
+        domain_type="qemu",
+        arch="x86_64",
+        guest=guest,
+        guest_cell_vcpus=[],
+        shared_cpus=frozenset({2, 3}),
+        disk=Path("/src/vm-1.qcow2"),
+        disk_format="qcow2",
+        console_log=Path("/src/console/vm-1.log"),
+        volumes=[volume_disk("/dev/vdb", _local(vol))],
+        config_drive=Path("/src/vm-1.config.iso"),
+    )
+    dest = ET.fromstring(
+        rewrite_for_destination(
+            source,
+            guest,
+            shared_cpus=frozenset({6, 7}),
+            disk=Path("/dst/vm-1.qcow2"),
+            console_log=Path("/dst/console/vm-1.log"),
+            config_drive=Path("/dst/vm-1.config.iso"),
+        )
+    )
+    assert _disk_map(dest) == {
+        "vda": ("disk", "/dst/vm-1.qcow2", "virtio"),
+        "vdb": ("disk", str(vol), "virtio"),  # not copied: the same file
+        "hda": ("cdrom", "/dst/vm-1.config.iso", "ide"),
+    }
+
+
+def test_a_guest_with_volumes_and_a_config_drive_crosses_the_bus() -> None:
+    guest = Guest(
+        vcpus=1,
+        memory_mb=64,
+        volumes=(BlockDevice("/dev/vda", _local(Path("/v/r"), "r"), 0, "r"),),
+        config_drive={"openstack/latest/user_data": b"\x00\xffbinary"},
+    )
+    again = Guest.from_payload(json.loads(json.dumps(guest.to_payload())))
+    assert again == guest
+    assert again.root_volume == guest.volumes[0]
+    assert Guest.from_payload(Guest(vcpus=1, memory_mb=64).to_payload()).config_drive is None

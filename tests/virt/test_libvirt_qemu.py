@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 import uuid
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ except ImportError as exc:
 from stowage.virt import guest_image
 from stowage.virt.daemon import LibvirtDaemon
 from stowage.virt.driver import (
+    BlockDevice,
     DriverError,
     Guest,
     ImageSpec,
@@ -409,3 +411,139 @@ def test_a_cold_move_takes_the_disk_with_the_guests_data(world: dict[str, Any]) 
     for driver in (h1, h2):
         driver.destroy(iid)
         assert not list(driver.disk_dir.glob(f"{iid}*"))
+
+
+def _local(path: Path, volume_id: str) -> dict[str, Any]:
+    """The local-file volume backend's connection info (services/volumes/backend.py)."""
+    return {
+        "driver_volume_type": "local",
+        "data": {"device_path": str(path), "volume_id": volume_id, "access_mode": "rw"},
+    }
+
+
+def _guest_disks(text: str) -> list[str]:
+    """The disks the guest said it sees, the last time they changed."""
+    seen = re.findall(rf"^{guest_image.DISKS_PREFIX} (.*)$", text, re.MULTILINE)
+    return seen[-1].split() if seen else []
+
+
+def _host_disks(uri: str, iid: str, flags: int = 0) -> dict[str, str]:
+    """`virsh domblklist`: target -> source, of the live (or, with flags, the persistent)
+    definition."""
+    conn = libvirt.open(uri)
+    try:
+        root = ET.fromstring(conn.lookupByName(DOMAIN_PREFIX + iid).XMLDesc(flags))
+    finally:
+        conn.close()
+    out = {}
+    for disk in root.findall("devices/disk"):
+        target, source = disk.find("target"), disk.find("source")
+        assert target is not None and source is not None
+        out[target.get("dev", "")] = source.get("file", "")
+    return out
+
+
+def test_a_guest_boots_from_a_volume_sees_its_volumes_and_reads_its_config_drive(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
+    """Boot from volume (the root disk is the volume's file), a second volume and a config
+    drive at spawn, a third volume hot-plugged and unplugged, the attachment surviving a
+    restart of the domain, and a live migration that leaves the volumes in place: the
+    guest's own view on its console, libvirt's beside it."""
+    h1: LibvirtDriver = world["h1"]
+    h2: LibvirtDriver = world["h2"]
+    image: ImageSpec = world["image"]
+    iid = str(uuid.uuid4())
+    volumes = tmp_path / "volumes"
+    volumes.mkdir()
+    root, data, hot = volumes / "volume-root", volumes / "volume-data", volumes / "volume-hot"
+    shutil.copyfile(world["server"].images[image.id], root)  # a volume made from the image
+    for path in (data, hot):
+        with path.open("wb") as f:
+            f.truncate(64 * 1024 * 1024)
+    meta = {"uuid": iid, "name": "from-volume", "hostname": "from-volume"}
+    guest = Guest(
+        vcpus=1,
+        memory_mb=192,
+        name="from-volume",
+        volumes=(
+            BlockDevice("/dev/vda", _local(root, "v-root"), 0, "v-root"),
+            BlockDevice("/dev/vdb", _local(data, "v-data"), None, "v-data"),
+        ),
+        config_drive={
+            "openstack/latest/meta_data.json": json.dumps(meta).encode(),
+            "openstack/latest/user_data": b"#!/bin/sh\necho hello\n",
+            "openstack/latest/network_data.json": b'{"links": [], "networks": []}',
+            "openstack/latest/vendor_data.json": b"{}",
+        },
+    )
+    try:
+        h1.spawn(iid, {}, [], 192, guest)
+        boot_id = _booted(h1, iid)
+        assert not (h1.disk_dir / f"{iid}.qcow2").exists()  # no overlay: the volume boots
+        iso = h1.disk_dir / f"{iid}.config.iso"
+        assert _host_disks(h1.uri, iid) == {"vda": str(root), "vdb": str(data), "hda": str(iso)}
+
+        def guest_sees(disks: list[str]) -> Callable[[], bool]:
+            return lambda: _guest_disks(_console(h1, iid)) == disks
+
+        _wait_for(guest_sees(["sr0", "vda", "vdb"]), "the guest's disks", 60)
+        _wait_for(lambda: guest_image.META_DATA_PREFIX in _console(h1, iid), "the config drive", 30)
+        text = _console(h1, iid)
+        assert f"{guest_image.CONFIG_DRIVE_PREFIX} /dev/sr0" in text  # found by its label
+        line = re.search(rf"^{guest_image.META_DATA_PREFIX} (.*)$", text, re.MULTILINE)
+        assert line is not None and json.loads(line.group(1)) == meta
+
+        # Hot-plug: the running guest sees the disk appear, the definition keeps it.
+        h1.attach_volume(iid, "/dev/vdc", _local(hot, "v-hot"))
+        h1.attach_volume(iid, "/dev/vdc", _local(hot, "v-hot"))  # again: no change
+        _wait_for(guest_sees(["sr0", "vda", "vdb", "vdc"]), "the hot-plugged disk", 30)
+        inactive = libvirt.VIR_DOMAIN_XML_INACTIVE
+        assert _host_disks(h1.uri, iid, inactive)["vdc"] == str(hot)
+        # ... and unplug: gone from the guest and from both definitions.
+        h1.detach_volume(iid, "/dev/vdc")
+        _wait_for(guest_sees(["sr0", "vda", "vdb"]), "the unplugged disk to go", 30)
+        assert "vdc" not in _host_disks(h1.uri, iid)
+        assert "vdc" not in _host_disks(h1.uri, iid, inactive)
+
+        # Attached again, it is there after a restart of the domain (a hard reboot).
+        h1.attach_volume(iid, "/dev/vdc", _local(hot, "v-hot"))
+        _wait_for(guest_sees(["sr0", "vda", "vdb", "vdc"]), "the hot-plugged disk", 30)
+        h1.reboot(iid)
+        _wait_for(lambda: _console(h1, iid).count(guest_image.MARKER) == 2, "the reboot", 90)
+        after = _console(h1, iid).split(guest_image.MARKER)[-1]
+        _wait_for(
+            lambda: (
+                _guest_disks(_console(h1, iid).split(guest_image.MARKER)[-1])
+                == ["sr0", "vda", "vdb", "vdc"]
+            ),
+            "the disks after the reboot",
+            60,
+        )
+        assert f"boot_id={boot_id}" not in after
+
+        # A live migration to h2 copies no volume (the same files, one machine): the
+        # guest goes on there with its volumes and h2's own copy of the config drive.
+        dest_guest = dataclasses.replace(
+            guest,
+            volumes=(*guest.volumes, BlockDevice("/dev/vdc", _local(hot, "v-hot"))),
+        )
+        handle = h2.prepare_migration(iid, dest_guest)
+        before = _uptime(_console(h1, iid))
+        h1.migrate(iid, MigrationTarget("h2", dest_guest, handle))
+        h2.finish_migration(iid)
+        assert _host_disks(h2.uri, iid) == {
+            "vda": str(root),
+            "vdb": str(data),
+            "vdc": str(hot),
+            "hda": str(h2.disk_dir / f"{iid}.config.iso"),
+        }
+        assert not iso.exists()  # the source's files went, the volumes stay
+        assert root.exists() and data.exists() and hot.exists()
+        _wait_for(
+            lambda: _uptime(_console(h2, iid)) > before + 1, "the counter on h2", BOOT_TIMEOUT_S
+        )
+    finally:
+        for driver in (h1, h2):
+            if iid in driver.running():
+                driver.destroy(iid)

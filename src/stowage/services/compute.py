@@ -111,6 +111,7 @@ class BuildRequest:
     access_ipv4: str = ""
     access_ipv6: str = ""
     disk_config: str = "MANUAL"
+    config_drive: bool = False  # the guest gets a config drive (guest_spec.guest_payload)
     # block_device_mapping_v2's volume mappings (server_volumes.parse_block_devices).
     block_devices: list[dict[str, Any]] = field(default_factory=list)
 
@@ -329,6 +330,7 @@ def _new_instance(build: BuildRequest, reservation: str, index: int, count: int)
         "access_ipv4": build.access_ipv4,
         "access_ipv6": build.access_ipv6,
         "disk_config": build.disk_config,
+        **({"config_drive": True} if build.config_drive else {}),
     }
 
 

@@ -2,7 +2,8 @@
 network_data.json, vendor_data), the EC2-style tree, and the config drive built from them.
 
 One content builder serves both the metadata service on the API port and the config drive
-image (ISO 9660, label `config-2`, as Nova writes it) that a driver can attach.
+image (ISO 9660, label `config-2`, as Nova writes it: `stowage.virt.config_drive`) that the
+libvirt driver attaches as a cdrom.
 """
 
 from __future__ import annotations
@@ -10,14 +11,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import io
 import json
 import secrets
-from pathlib import Path
 from typing import Any
 
 from stowage.domain.errors import NotFound
 from stowage.services.cloud import Cloud
+from stowage.virt.config_drive import build_config_drive
 
 __all__ = [
     "OPENSTACK_VERSIONS",
@@ -180,49 +180,3 @@ def config_drive_files(cloud: Cloud, instance_id: str) -> dict[str, bytes]:
     if data is not None:
         files["ec2/latest/user-data"] = data
     return files
-
-
-def build_config_drive(files: dict[str, bytes], out: Path) -> None:
-    """An ISO 9660 image (Joliet and Rock Ridge, volume label `config-2`) of `files`,
-    written to `out` (cloud-init finds a config drive by that label)."""
-    from pycdlib.pycdlib import PyCdlib
-
-    iso = PyCdlib()
-    iso.new(interchange_level=3, joliet=3, rock_ridge="1.09", vol_ident="config-2")
-    made: set[str] = set()
-    for index, (path, data) in enumerate(sorted(files.items())):
-        parts = path.split("/")
-        for depth in range(1, len(parts)):
-            directory = "/".join(parts[:depth])
-            if directory not in made:
-                made.add(directory)
-                iso.add_directory(
-                    _iso9660(directory, len(made), is_dir=True),
-                    rr_name=parts[depth - 1],
-                    joliet_path="/" + directory,
-                )
-        iso.add_fp(
-            io.BytesIO(data),
-            len(data),
-            _iso9660(path, index, is_dir=False),
-            rr_name=parts[-1],
-            joliet_path="/" + path,
-        )
-    tmp = out.with_name(out.name + ".tmp")
-    iso.write(str(tmp))
-    iso.close()
-    tmp.replace(out)
-
-
-def _iso9660(path: str, index: int, *, is_dir: bool) -> str:
-    """A level-3 ISO 9660 name for `path` (Rock Ridge and Joliet carry the real names): the
-    parent directories' names as `_iso9660` made them, then a short unique name."""
-    parts = path.split("/")
-    parents = ["/".join(parts[: d + 1]) for d in range(len(parts) - 1)]
-    names = [_short(p) for p in parents]
-    leaf = _short(path) if is_dir else f"F{index:04d}.;1"
-    return "/" + "/".join([*names, leaf])
-
-
-def _short(path: str) -> str:
-    return "D" + hashlib.sha256(path.encode()).hexdigest()[:7].upper()

@@ -1,13 +1,18 @@
-"""The whole guest for the hypervisor: flavor sizes, image and NICs.
+"""The whole guest for the hypervisor: flavor sizes, image, NICs, volumes and config drive.
 
 The conductor sends this with a claim (`claim_of`), so that a driver can build the guest:
 the claim alone says nothing of a shared-CPU flavor's vCPUs or of the image to boot. The
 dict is the bus form of `stowage.virt.driver.Guest` (its `from_payload` reads it); the host's
 shared CPU set is the driver's own (the `cpu_shared_set` the host registered with).
+
+The volumes (`volumes`, with the backend's connection info; boot index 0 is the root disk)
+and the config drive's files (`config_drive`, base64) are there only for a server that has
+them, so that every other guest's description is what it was.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from stowage.services.cloud import Cloud
@@ -55,4 +60,24 @@ def guest_payload(
                 nic = nics.setdefault(mac, {"mac": mac, "ips": []})
                 nic["ips"].append(str(entry.get("addr")))
     out["nics"] = list(nics.values())
+    # Volumes being attached are not yet the guest's: their attach follows (or is undone).
+    devices = [d for d in body.get("block_devices") or [] if not d.get("attaching")]
+    if devices:
+        from stowage.services.volumes.model import backend_of
+
+        backend = backend_of(cloud)
+        out["volumes"] = [
+            {
+                "device": d["device"],
+                "connection": backend.connection_info(str(d["volume_id"])),
+                "boot_index": d.get("boot_index"),
+                "volume_id": d["volume_id"],
+            }
+            for d in devices
+        ]
+    if body.get("config_drive"):
+        from stowage.services.guest_metadata import config_drive_files
+
+        files = config_drive_files(cloud, instance_id)
+        out["config_drive"] = {k: base64.b64encode(v).decode() for k, v in files.items()}
     return out

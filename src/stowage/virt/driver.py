@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -10,6 +12,7 @@ from typing import Any, Protocol, TypedDict, runtime_checkable
 from stowage.domain.errors import StowageError
 
 __all__ = [
+    "BlockDevice",
     "Driver",
     "DriverCrashed",
     "DriverError",
@@ -65,6 +68,37 @@ class Nic:
 
 
 @dataclass(frozen=True)
+class BlockDevice:
+    """One volume of the guest: the device it is at (`/dev/vdb`; `/dev/vda` with boot index
+    0 is the root disk, boot from volume), and how the host reaches it (os-brick's connection
+    info, as the volume backend answers it: `{"driver_volume_type": "local", "data":
+    {"device_path": ...}}`)."""
+
+    device: str
+    connection: Mapping[str, Any]
+    boot_index: int | None = None
+    volume_id: str = ""
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "connection": dict(self.connection),
+            "boot_index": self.boot_index,
+            "volume_id": self.volume_id,
+        }
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> BlockDevice:
+        boot_index = payload.get("boot_index")
+        return cls(
+            device=str(payload["device"]),
+            connection=dict(payload.get("connection") or {}),
+            boot_index=None if boot_index is None else int(boot_index),
+            volume_id=str(payload.get("volume_id") or ""),
+        )
+
+
+@dataclass(frozen=True)
 class Guest:
     """Everything a hypervisor needs to build one guest.
 
@@ -86,6 +120,16 @@ class Guest:
     # A cold migration's or resize's destination takes the disk the source's `export_disk`
     # answered (the guest's data), instead of a new one from the image.
     disk_source: Mapping[str, Any] | None = None
+    # The volumes the guest has when it is defined (spawn, a move's destination); the one
+    # with boot index 0 is its root disk. Attached later: `Driver.attach_volume`.
+    volumes: tuple[BlockDevice, ...] = ()
+    # The config drive's files (path -> bytes) when the server asked for one.
+    config_drive: Mapping[str, bytes] | None = None
+
+    @property
+    def root_volume(self) -> BlockDevice | None:
+        """The volume the guest boots from (boot index 0), None for an image-backed guest."""
+        return next((v for v in self.volumes if v.boot_index == 0), None)
 
     @classmethod
     def of_claim(cls, pins: Mapping[int, int], cells: list[int], memory_mb: int) -> Guest:
@@ -114,6 +158,10 @@ class Guest:
             "user_data": self.user_data,
             "name": self.name,
             "disk_source": None if self.disk_source is None else dict(self.disk_source),
+            "volumes": [v.to_payload() for v in self.volumes],
+            "config_drive": None
+            if self.config_drive is None
+            else {k: base64.b64encode(v).decode() for k, v in sorted(self.config_drive.items())},
         }
 
     @classmethod
@@ -141,6 +189,10 @@ class Guest:
             user_data=payload.get("user_data"),
             name=str(payload.get("name") or ""),
             disk_source=dict(payload["disk_source"]) if payload.get("disk_source") else None,
+            volumes=tuple(BlockDevice.from_payload(v) for v in payload.get("volumes") or ()),
+            config_drive=None
+            if payload.get("config_drive") is None
+            else {str(k): base64.b64decode(v) for k, v in dict(payload["config_drive"]).items()},
         )
 
 
@@ -193,18 +245,8 @@ def guest_for(pins: dict[int, int], cells: list[int], memory_mb: int, guest: Gue
     """The guest to build: `guest` with the claim's pins, cells and memory, or the claim."""
     if guest is None:
         return Guest.of_claim(pins, cells, memory_mb)
-    return Guest(
-        vcpus=guest.vcpus,
-        memory_mb=memory_mb or guest.memory_mb,
-        root_gb=guest.root_gb,
-        pins=dict(pins),
-        cells=tuple(cells),
-        shared_cpus=guest.shared_cpus,
-        image=guest.image,
-        nics=guest.nics,
-        user_data=guest.user_data,
-        name=guest.name,
-        disk_source=guest.disk_source,
+    return dataclasses.replace(
+        guest, memory_mb=memory_mb or guest.memory_mb, pins=dict(pins), cells=tuple(cells)
     )
 
 

@@ -13,6 +13,15 @@ uptime line every second, so a live migration can be seen to continue the same g
 The boot id changes on every boot and survives a live migration. Under QEMU's TCG the marker
 appears about 10 s after power-on.
 
+After the marker the init loads the kernel's disk modules (virtio-blk, IDE cdrom, ISO 9660:
+linux-image-cloud-amd64 builds them as modules, so they are copied into the initramfs), and
+prints the block devices it sees whenever they change (a hot-plugged volume shows), and the
+config drive's meta_data.json once a device labelled `config-2` appears:
+
+    stowage-disks: hda vda vdb
+    stowage-config-drive: /dev/sr0
+    stowage-meta-data: {"uuid": ...}
+
 Usage: scripts/make-guest-image.sh OUTPUT [--format raw|qcow2] [--kernel PATH] [--busybox PATH]
 (or python -m stowage.virt.guest_image with the same arguments).
 Debian packages: mtools syslinux busybox-static linux-image-cloud-amd64 (qemu-utils for qcow2).
@@ -31,11 +40,42 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["MARKER", "UPTIME_PREFIX", "build", "default_kernel", "initramfs"]
+__all__ = [
+    "CONFIG_DRIVE_PREFIX",
+    "DISKS_PREFIX",
+    "MARKER",
+    "META_DATA_PREFIX",
+    "UPTIME_PREFIX",
+    "build",
+    "default_kernel",
+    "disk_modules",
+    "initramfs",
+]
 
 MARKER = "STOWAGE-GUEST-UP"
 UPTIME_PREFIX = "stowage-uptime"
+DISKS_PREFIX = "stowage-disks:"
+CONFIG_DRIVE_PREFIX = "stowage-config-drive:"
+META_DATA_PREFIX = "stowage-meta-data:"
 DISK_MIB = 48
+
+# In load order (each after what it needs, as modules.dep says): virtio disks, the IDE cdrom
+# of the default x86 machine (ata_piix, sr_mod) and ISO 9660.
+DISK_MODULES = (
+    "drivers/virtio/virtio_ring",
+    "drivers/virtio/virtio",
+    "drivers/virtio/virtio_pci_legacy_dev",
+    "drivers/virtio/virtio_pci_modern_dev",
+    "drivers/virtio/virtio_pci",
+    "drivers/block/virtio_blk",
+    "drivers/scsi/scsi_common",
+    "drivers/scsi/scsi_mod",
+    "drivers/ata/libata",
+    "drivers/ata/ata_piix",
+    "drivers/cdrom/cdrom",
+    "drivers/scsi/sr_mod",
+    "fs/isofs/isofs",
+)
 
 INIT = f"""#!/bin/busybox sh
 /bin/busybox mkdir -p /proc /sys /dev /tmp
@@ -46,11 +86,32 @@ INIT = f"""#!/bin/busybox sh
 export PATH=/bin
 boot_id=$(cat /proc/sys/kernel/random/boot_id)
 echo "{MARKER} boot_id=$boot_id" > /dev/ttyS0
+for m in $(cat /lib/modules/order 2>/dev/null); do insmod /lib/modules/$m 2>/dev/null; done
+mkdir -p /mnt/cd
+disks_seen=
+cd_seen=
+look() {{
+  disks=$(awk 'NR > 2 && $4 != "" {{ print $4 }}' /proc/partitions | sort | tr '\\n' ' ')
+  if [ "$disks" != "$disks_seen" ]; then
+    disks_seen=$disks
+    echo "{DISKS_PREFIX} $disks" > /dev/ttyS0
+  fi
+  [ -n "$cd_seen" ] && return
+  cd=$(findfs LABEL=config-2 2>/dev/null)
+  [ -n "$cd" ] || return
+  mount -t iso9660 -o ro "$cd" /mnt/cd 2>/dev/null || return
+  cd_seen=$cd
+  echo "{CONFIG_DRIVE_PREFIX} $cd" > /dev/ttyS0
+  echo "{META_DATA_PREFIX} $(cat /mnt/cd/openstack/latest/meta_data.json)" > /dev/ttyS0
+  umount /mnt/cd
+}}
+look
 n=0
 while true; do
   sleep 1
   n=$((n + 1))
   echo "{UPTIME_PREFIX} $n boot_id=$boot_id" > /dev/ttyS0
+  look
 done
 """
 
@@ -83,9 +144,10 @@ def _cpio_newc(entries: list[tuple[str, int, bytes]]) -> bytes:
     return out.getvalue()
 
 
-def initramfs(busybox: Path) -> bytes:
-    """A gzipped cpio holding /init and a static busybox."""
-    dir_mode, exe_mode = 0o040755, 0o100755
+def initramfs(busybox: Path, modules: list[Path] | None = None) -> bytes:
+    """A gzipped cpio holding /init, a static busybox and the kernel `modules` given (in
+    load order, into /lib/modules, listed in /lib/modules/order)."""
+    dir_mode, exe_mode, file_mode = 0o040755, 0o100755, 0o100644
     entries = [
         ("bin", dir_mode, b""),
         ("dev", dir_mode, b""),
@@ -95,7 +157,20 @@ def initramfs(busybox: Path) -> bytes:
         ("bin/busybox", exe_mode, busybox.read_bytes()),
         ("init", exe_mode, INIT.encode()),
     ]
+    if modules:
+        entries += [("lib", dir_mode, b""), ("lib/modules", dir_mode, b"")]
+        entries += [(f"lib/modules/{m.name}", file_mode, m.read_bytes()) for m in modules]
+        order = "".join(f"{m.name}\n" for m in modules).encode()
+        entries.append(("lib/modules/order", file_mode, order))
     return gzip.compress(_cpio_newc(entries), compresslevel=6, mtime=0)
+
+
+def disk_modules(kernel: Path) -> list[Path]:
+    """The disk and cdrom modules of `kernel` (/boot/vmlinuz-<version>), from
+    /lib/modules/<version>; those it lacks are left out (built in, or not offered)."""
+    version = kernel.name.removeprefix("vmlinuz-")
+    base = Path("/lib/modules") / version / "kernel"
+    return [base / f"{m}.ko" for m in DISK_MODULES if (base / f"{m}.ko").exists()]
 
 
 def default_kernel() -> Path:
@@ -119,7 +194,7 @@ def build(output: Path, *, kernel: Path, busybox: Path, disk_format: str = "raw"
         raw = work / "disk.raw"
         with raw.open("wb") as f:
             f.truncate(DISK_MIB * 1024 * 1024)
-        (work / "initrd.gz").write_bytes(initramfs(busybox))
+        (work / "initrd.gz").write_bytes(initramfs(busybox, disk_modules(kernel)))
         (work / "syslinux.cfg").write_text(SYSLINUX_CFG)
         shutil.copyfile(kernel, work / "vmlinuz")
         env = {**os.environ, "MTOOLS_SKIP_CHECK": "1"}

@@ -4,6 +4,15 @@ Disks are qcow2 overlays on a per-host image cache; the serial console goes to a
 dedicated vCPUs are pinned with strict NUMA memory, shared ones float over the host's shared
 CPU set; live migration goes through libvirt with the destination's own pins in its XML.
 Domains carry Stowage's metadata: any other domain on the host is left alone.
+
+Volumes (os-brick's `local` connection info: a file or a block device this host opens) are
+virtio disks of the guest, in its definition from the spawn on and hot-plugged into the
+running guest and its persistent definition alike (so a reboot, a power cycle or an agent
+restart keeps them); a volume with boot index 0 is the root disk itself (boot from volume),
+no overlay. A config drive is an ISO 9660 file beside the disk, attached as a read-only
+cdrom. A live migration copies the root disk only: a volume stays where it is, and must be
+the very same file on the destination (two hypervisors on one machine); anything else is
+refused before the migration starts.
 """
 
 from __future__ import annotations
@@ -16,17 +25,20 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
+import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import libvirt
 
 from stowage.domain.topology import Cell, HostTopology, format_cpu_set, parse_cpu_set
+from stowage.virt.config_drive import build_config_drive
 from stowage.virt.driver import (
     DriverCrashed,
     DriverError,
@@ -46,9 +58,11 @@ __all__ = [
     "METADATA_NS",
     "LibvirtDriver",
     "LifecycleCallback",
+    "VolumeDisk",
     "domain_xml",
     "host_topology",
     "parse_pins",
+    "volume_disk",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,6 +106,90 @@ LifecycleCallback = Callable[[str, str], None]
 
 # -- pure helpers: domain XML ----------------------------------------------------------
 
+ROOT_TARGET = "vda"
+_VOLUME_TARGET_RE = re.compile(r"^vd[a-z]$")
+
+
+class VolumeDisk(NamedTuple):
+    """A volume as a disk of the domain: its target (`vdb`), its file or block device on
+    this host, its format, and its volume id (the disk's serial, as Nova sets it)."""
+
+    target: str
+    path: Path
+    disk_format: str = "raw"
+    volume_id: str = ""
+    block: bool = False
+
+
+def volume_disk(device: str, connection: Mapping[str, Any]) -> VolumeDisk:
+    """What `connection` (os-brick's connection info) names, as a disk at `device`; refused
+    (a `DriverError`) when this host cannot open it."""
+    kind = connection.get("driver_volume_type")
+    if kind != "local":
+        raise DriverError(
+            f"volume type {kind!r} cannot be attached by the libvirt driver: only local files "
+            "and block devices (the local-file backend)",
+            code="virt.volume.unsupported",
+        )
+    data = dict(connection.get("data") or {})
+    target = device.removeprefix("/dev/")
+    if not _VOLUME_TARGET_RE.match(target):
+        raise DriverError(
+            f"device {device!r} is not a virtio disk name (/dev/vdb ... /dev/vdz)",
+            code="virt.volume.bad_device",
+        )
+    disk_format = str(data.get("format") or "raw")
+    if disk_format not in ("raw", "qcow2"):
+        raise DriverError(
+            f"volume format {disk_format!r} is not raw or qcow2", code="virt.volume.unsupported"
+        )
+    path = Path(str(data.get("device_path") or ""))
+    try:
+        mode = path.stat().st_mode if path.is_absolute() else None
+    except OSError:
+        mode = None
+    if mode is None or not (stat.S_ISREG(mode) or stat.S_ISBLK(mode)):
+        raise DriverError(
+            f"volume {data.get('volume_id') or ''} at {path} is not a file or block device "
+            "this host can open",
+            code="virt.volume.open",
+        )
+    return VolumeDisk(
+        target, path, disk_format, str(data.get("volume_id") or ""), stat.S_ISBLK(mode)
+    )
+
+
+def _disk_element(parent: ET.Element | None, disk: VolumeDisk) -> ET.Element:
+    attrs = {"type": "block" if disk.block else "file", "device": "disk"}
+    el = ET.Element("disk", attrs) if parent is None else ET.SubElement(parent, "disk", attrs)
+    ET.SubElement(el, "driver", name="qemu", type=disk.disk_format)
+    ET.SubElement(el, "source", {"dev" if disk.block else "file": str(disk.path)})
+    ET.SubElement(el, "target", dev=disk.target, bus="virtio")
+    if disk.volume_id:
+        ET.SubElement(el, "serial").text = disk.volume_id[:20]  # as Nova: virtio's 20 bytes
+    return el
+
+
+def _disks(xml: str) -> dict[str, tuple[str, str]]:
+    """target -> (device kind, source path) of every disk of a domain's XML."""
+    out: dict[str, tuple[str, str]] = {}
+    for el in ET.fromstring(xml).findall("./devices/disk"):
+        target = el.find("target")
+        source = el.find("source")
+        if target is None:
+            continue
+        path = "" if source is None else source.get("file") or source.get("dev") or ""
+        out[target.get("dev", "")] = (el.get("device", "disk"), path)
+    return out
+
+
+def _disk_xml(xml: str, target: str) -> str | None:
+    for el in ET.fromstring(xml).findall("./devices/disk"):
+        found = el.find("target")
+        if found is not None and found.get("dev") == target:
+            return ET.tostring(el, encoding="unicode")
+    return None
+
 
 def domain_xml(
     *,
@@ -104,8 +202,16 @@ def domain_xml(
     disk: Path,
     disk_format: str = "raw",
     console_log: Path | None = None,
+    volumes: Sequence[VolumeDisk] = (),
+    config_drive: Path | None = None,
+    cdrom_bus: str = "ide",
 ) -> str:
     """The domain definition from the whole guest.
+
+    `disk` is the root disk (`vda`: an overlay, or the root volume's file, in which case it
+    is not among `volumes` again); `volumes` are the other volumes' disks; `config_drive`
+    an ISO attached read-only as a cdrom on `cdrom_bus` (IDE on the default x86 machine).
+    ACPI is on, so that virtio disks can be hot-plugged and unplugged.
 
     Dedicated vCPUs get a `vcpupin` each, strict NUMA memory and guest cells (guest cell i on
     host cell `guest.cells[i]`, holding `guest_cell_vcpus[i]`, memory split evenly); shared
@@ -136,15 +242,33 @@ def domain_xml(
     os_el = ET.SubElement(root, "os")
     ET.SubElement(os_el, "type", arch=arch).text = "hvm"
     ET.SubElement(os_el, "boot", dev="hd")
+    features = ET.SubElement(root, "features")
+    ET.SubElement(features, "acpi")  # PCI hotplug of volumes needs it
+    ET.SubElement(features, "apic")
     ET.SubElement(root, "on_poweroff").text = "destroy"
     ET.SubElement(root, "on_reboot").text = "restart"
     ET.SubElement(root, "on_crash").text = "destroy"
 
     devices = ET.SubElement(root, "devices")
-    disk_el = ET.SubElement(devices, "disk", type="file", device="disk")
-    ET.SubElement(disk_el, "driver", name="qemu", type=disk_format)
-    ET.SubElement(disk_el, "source", file=str(disk))
-    ET.SubElement(disk_el, "target", dev="vda", bus="virtio")
+    root_volume = guest.root_volume
+    _disk_element(
+        devices,
+        VolumeDisk(
+            ROOT_TARGET,
+            disk,
+            disk_format,
+            root_volume.volume_id if root_volume is not None else "",
+            disk.is_block_device() if root_volume is not None else False,
+        ),
+    )
+    for volume in volumes:
+        _disk_element(devices, volume)
+    if config_drive is not None:
+        cdrom = ET.SubElement(devices, "disk", type="file", device="cdrom")
+        ET.SubElement(cdrom, "driver", name="qemu", type="raw")
+        ET.SubElement(cdrom, "source", file=str(config_drive))
+        ET.SubElement(cdrom, "target", dev="hda" if cdrom_bus == "ide" else "sda", bus=cdrom_bus)
+        ET.SubElement(cdrom, "readonly")
     for nic in guest.nics:
         iface = ET.SubElement(devices, "interface", type="user")
         ET.SubElement(iface, "mac", address=nic.mac)
@@ -378,8 +502,10 @@ class LibvirtDriver:
         cpu_dedicated_set: frozenset[int] | None = None,
         cpu_shared_set: frozenset[int] | None = None,
         migration_uri: str | None = None,
+        detach_timeout_s: float = 20.0,
     ) -> None:
         self.uri = uri
+        self.detach_timeout_s = detach_timeout_s
         self.disk_dir = Path(disk_dir)
         self.disk_dir.mkdir(parents=True, exist_ok=True)
         self.console_dir = self.disk_dir / "console"
@@ -410,6 +536,8 @@ class LibvirtDriver:
                 code="virt.libvirt.bad_virt_type",
             )
         self.domain_type = virt_type
+        # The default x86 machine (i440fx) has IDE; elsewhere a cdrom is not offered.
+        self.cdrom_bus: str | None = "ide" if self.arch in ("x86_64", "i686") else None
         if on_lifecycle is not None:
             self._register_events()
 
@@ -447,7 +575,14 @@ class LibvirtDriver:
                 None if legacy else guest,
                 shared,
             )
+            volumes = self._volume_disks(guest)  # refused before anything is made
+            cdrom_bus = self._check_config_drive(guest)
             disk, disk_format = self._create_disk(instance_id, guest)
+            try:
+                config_drive = self._write_config_drive(instance_id, guest)
+            except DriverError:
+                self._delete_files(instance_id)
+                raise
             console = self._console_path(instance_id)
             console.unlink(missing_ok=True)
             xml = domain_xml(
@@ -460,6 +595,9 @@ class LibvirtDriver:
                 disk=disk,
                 disk_format=disk_format,
                 console_log=console,
+                volumes=volumes,
+                config_drive=config_drive,
+                cdrom_bus=cdrom_bus,
             )
             try:
                 dom = _call(lambda: self._connection().defineXML(xml))
@@ -526,9 +664,10 @@ class LibvirtDriver:
         (in a subprocess) to `disk_format` (default: the base image's format)."""
         if chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be positive")
-        self._get(instance_id)
+        dom = self._get(instance_id)
         overlay = self._overlay_path(instance_id)
         if not overlay.exists():
+            self._refuse_volume_root(dom, instance_id, "snapshot")
             disk = self._disk_path(instance_id)
             try:
                 f = disk.open("rb")
@@ -553,15 +692,94 @@ class LibvirtDriver:
         return _chunks(f, chunk_bytes, cleanup=lambda: shutil.rmtree(out.parent, True))
 
     def attach_volume(self, instance_id: str, device: str, connection: dict[str, Any]) -> None:
-        """Not yet on libvirt: refused, so the attachment is undone rather than pretended."""
-        self._get(instance_id)
-        raise DriverError(
-            "attaching volumes is not implemented by the libvirt driver yet",
-            code="virt.volume.unsupported",
-        )
+        """The volume as a virtio disk at `device`: hot-plugged into the running guest and
+        added to its persistent definition (whichever lacks it), so that it survives a
+        restart of the domain. The same volume at the same device again is no change."""
+        dom = self._get(instance_id)
+        disk = volume_disk(device, connection)
+        with self._define_lock:
+            config, live = self._xml_pair(dom)
+            if disk.target == ROOT_TARGET:
+                if _disks(config).get(ROOT_TARGET, ("", ""))[1] == str(disk.path):
+                    return  # the root volume: in the definition since the spawn
+                raise DriverError(
+                    f"{device} is the root disk of instance {instance_id}",
+                    code="virt.volume.device_in_use",
+                )
+            if self._has_managed_save(DOMAIN_PREFIX + instance_id):
+                raise DriverError(
+                    f"instance {instance_id} is suspended: its saved memory names its disks, "
+                    "resume it to attach a volume",
+                    code="virt.volume.suspended",
+                )
+            flags = 0
+            for xml, flag in (
+                (config, libvirt.VIR_DOMAIN_AFFECT_CONFIG),
+                (live, libvirt.VIR_DOMAIN_AFFECT_LIVE),
+            ):
+                if xml is None:
+                    continue
+                disks = _disks(xml)
+                present = disks.get(disk.target)
+                if present is None:
+                    elsewhere = [t for t, (_k, p) in disks.items() if p == str(disk.path)]
+                    if elsewhere:
+                        raise DriverError(
+                            f"volume {disk.path} is attached to instance {instance_id} at "
+                            f"/dev/{elsewhere[0]} already",
+                            code="virt.volume.already_attached",
+                        )
+                    flags |= flag
+                elif present[1] != str(disk.path):
+                    raise DriverError(
+                        f"{device} of instance {instance_id} is another disk ({present[1]})",
+                        code="virt.volume.device_in_use",
+                    )
+            if flags:
+                element = ET.tostring(_disk_element(None, disk), encoding="unicode")
+                _call(lambda: dom.attachDeviceFlags(element, flags))
 
     def detach_volume(self, instance_id: str, device: str) -> None:
-        self._get(instance_id)  # nothing can have been attached (attach_volume refuses)
+        """The disk at `device` out of the persistent definition and out of the running
+        guest, which must let it go (ACPI unplug) within `detach_timeout_s`; else an error,
+        the disk still in the running guest (until a detach again, or its next start)."""
+        dom = self._get(instance_id)
+        target = device.removeprefix("/dev/")
+        if target == ROOT_TARGET:
+            raise DriverError(
+                f"{device} is the root disk of instance {instance_id}", code="virt.volume.root"
+            )
+        with self._define_lock:
+            config, live = self._xml_pair(dom)
+            element = (live and _disk_xml(live, target)) or _disk_xml(config, target)
+            if element is None:
+                return
+            if self._has_managed_save(DOMAIN_PREFIX + instance_id):
+                raise DriverError(
+                    f"instance {instance_id} is suspended: its saved memory names its disks, "
+                    "resume it to detach a volume",
+                    code="virt.volume.suspended",
+                )
+            flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG if target in _disks(config) else 0
+            if live is not None and target in _disks(live):
+                flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
+            _call(lambda: dom.detachDeviceFlags(element, flags))
+        if not flags & libvirt.VIR_DOMAIN_AFFECT_LIVE:
+            return
+        deadline = time.monotonic() + self.detach_timeout_s
+        while True:
+            if not _call(lambda: bool(dom.isActive())):
+                return
+            if target not in _disks(_call(lambda: str(dom.XMLDesc(0)))):
+                return
+            if time.monotonic() > deadline:
+                raise DriverError(
+                    f"instance {instance_id} did not release {device} within "
+                    f"{self.detach_timeout_s:g} s (the guest must acknowledge the unplug); "
+                    "it is out of the definition, still in the running guest",
+                    code="virt.volume.detach_timeout",
+                )
+            time.sleep(0.25)
 
     def console_output(self, instance_id: str, length: int | None = None) -> str:
         self._get(instance_id)
@@ -589,7 +807,8 @@ class LibvirtDriver:
     # -- live migration ----------------------------------------------------------------
 
     def prepare_migration(self, instance_id: str, guest: Guest) -> dict[str, Any]:
-        """The incoming guest's disk (an overlay on this host's cached base) and paths."""
+        """The incoming guest's disk (an overlay on this host's cached base), its config
+        drive, and the identity of each volume's file as this host sees it."""
         _check_id(instance_id)
         with self._define_lock:
             if self._lookup(instance_id) is not None:
@@ -603,8 +822,18 @@ class LibvirtDriver:
                 guest,
                 guest.shared_cpus or self.topology.cpu_shared_set,
             )
+            volumes = self._volume_disks(guest)
+            self._check_config_drive(guest)
             disk, disk_format = self._create_disk(instance_id, guest)
+            try:
+                config_drive = self._write_config_drive(instance_id, guest)
+            except DriverError:
+                self._delete_files(instance_id)
+                raise
         console = self._console_path(instance_id)
+        identities = {v.target: _file_identity(v.path) for v in volumes}
+        if guest.root_volume is not None:
+            identities[ROOT_TARGET] = _file_identity(disk)
         return {
             "uri": self.uri,
             "host_uuid": self.host_uuid,
@@ -613,6 +842,9 @@ class LibvirtDriver:
             "disk_format": disk_format,
             "console": str(console),
             "shared_cpus": sorted(guest.shared_cpus or self.topology.cpu_shared_set),
+            "config_drive": None if config_drive is None else str(config_drive),
+            "machine_id": _machine_id(),
+            "volumes": identities,
         }
 
     def migrate(
@@ -621,8 +853,15 @@ class LibvirtDriver:
         target: MigrationTarget,
         progress: ProgressCallback | None = None,
     ) -> None:
-        """Peer-to-peer live migration with the disk copied (no shared storage), defined on
-        the destination with the destination's pins, cells, disk and console paths."""
+        """Peer-to-peer live migration with the root disk copied (no shared storage),
+        defined on the destination with the destination's pins, cells, disk, config drive
+        and console paths.
+
+        A volume is not copied: it must be the very file the destination opens (the same
+        machine, the same inode), else the migration is refused before it starts. libvirt
+        cannot tell such a file from a local disk on another machine and calls the move
+        unsafe, so VIR_MIGRATE_UNSAFE is passed then: one kernel's page cache serves both
+        QEMUs, and the destination's opens the file only once the source's let it go."""
         dom = self._get(instance_id)
         handle = dict(target.handle)
         dest_uri = str(handle["uri"])
@@ -631,12 +870,40 @@ class LibvirtDriver:
                 "the destination is this very hypervisor", code="virt.migrate.same_host"
             )
         xml = _call(lambda: str(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE)))
+        own = {str(self._overlay_path(instance_id)), str(self._disk_path(instance_id))}
+        copied: list[str] = []
+        shared: list[tuple[str, str]] = []
+        config_drive: str | None = None
+        for disk_target, (kind, path) in _disks(xml).items():
+            if kind == "cdrom":
+                config_drive = path or config_drive
+            elif path in own:
+                copied.append(disk_target)
+            else:
+                shared.append((disk_target, path))
+        there = dict(handle.get("volumes") or {})
+        machine = _machine_id()
+        for disk_target, path in shared:
+            same = bool(machine) and handle.get("machine_id") == machine
+            if not same or there.get(disk_target) != _file_identity(Path(path)):
+                raise DriverError(
+                    f"the volume at /dev/{disk_target} ({path}) is not the same file on "
+                    f"{target.host}: a volume's file is not copied, and only hypervisors on "
+                    "one machine share it",
+                    code="virt.migrate.volume_not_shared",
+                )
+        if config_drive and not handle.get("config_drive"):
+            raise DriverError(
+                f"instance {instance_id} has a config drive, {target.host} made none for it",
+                code="virt.migrate.config_drive",
+            )
         dest_xml = rewrite_for_destination(
             xml,
             target.guest,
             shared_cpus=frozenset(int(c) for c in handle.get("shared_cpus") or ()),
             disk=Path(str(handle["disk"])),
             console_log=Path(str(handle["console"])),
+            config_drive=Path(str(handle["config_drive"])) if config_drive else None,
         )
         params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_DEST_XML: dest_xml}
         if handle.get("migration_uri"):
@@ -646,8 +913,12 @@ class LibvirtDriver:
             | libvirt.VIR_MIGRATE_PEER2PEER
             | libvirt.VIR_MIGRATE_PERSIST_DEST
             | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
-            | libvirt.VIR_MIGRATE_NON_SHARED_INC
         )
+        if copied:
+            flags |= libvirt.VIR_MIGRATE_NON_SHARED_INC
+            params[libvirt.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = copied
+        if shared:
+            flags |= libvirt.VIR_MIGRATE_UNSAFE
         done = threading.Event()
         watcher: threading.Thread | None = None
         if progress is not None:
@@ -743,7 +1014,17 @@ class LibvirtDriver:
 
     def _create_disk(self, instance_id: str, guest: Guest) -> tuple[Path, str]:
         """A qcow2 overlay on the cached base image (root_gb big, if larger), or a blank raw
-        disk for a guest with no image. Blocking: HTTP, disk and `qemu-img`."""
+        disk for a guest with no image; the root volume's own file for a guest booting from a
+        volume. Blocking: HTTP, disk and `qemu-img`."""
+        root = guest.root_volume
+        if root is not None:
+            volume = volume_disk(root.device, root.connection)
+            if volume.target != ROOT_TARGET:
+                raise DriverError(
+                    f"the root volume must be at /dev/{ROOT_TARGET}, not {root.device}",
+                    code="virt.volume.bad_device",
+                )
+            return volume.path, volume.disk_format
         if guest.disk_source is not None:
             return self._take_disk(instance_id, guest, guest.disk_source)
         if guest.image is None:
@@ -819,8 +1100,12 @@ class LibvirtDriver:
     def export_disk(self, instance_id: str) -> dict[str, Any]:
         """The instance's disk staged for a cold move: its overlay copied with `qemu-img
         convert` (a consistent copy even while the guest runs, as a snapshot's), still on the
-        same base, in a libvirt directory pool the destination streams it from."""
-        self._get(instance_id)
+        same base, in a libvirt directory pool the destination streams it from. A guest
+        booting from a volume has no disk of its own to move: the volume stays, and the
+        destination boots from it (`format` "volume")."""
+        dom = self._get(instance_id)
+        if self._root_is_volume(dom, instance_id):
+            return {"uri": self.uri, "host_uuid": self.host_uuid, "format": "volume"}
         outgoing = self.disk_dir / "outgoing"
         outgoing.mkdir(exist_ok=True)
         overlay = self._overlay_path(instance_id)
@@ -883,6 +1168,7 @@ class LibvirtDriver:
             self._disk_path(instance_id),
             self._overlay_path(instance_id),
             self.disk_dir / f"{instance_id}.base",
+            self._config_drive_path(instance_id),
             self._console_path(instance_id),
         ):
             path.unlink(missing_ok=True)
@@ -968,6 +1254,61 @@ class LibvirtDriver:
 
     def _overlay_path(self, instance_id: str) -> Path:
         return self.disk_dir / f"{instance_id}.qcow2"
+
+    def _config_drive_path(self, instance_id: str) -> Path:
+        return self.disk_dir / f"{instance_id}.config.iso"
+
+    def _volume_disks(self, guest: Guest) -> list[VolumeDisk]:
+        """The guest's volumes but its root one, as disks; refused (before anything is
+        made) when one cannot be opened here, or two share a device."""
+        out = [volume_disk(v.device, v.connection) for v in guest.volumes if v.boot_index != 0]
+        targets = [ROOT_TARGET, *(v.target for v in out)]
+        if len(set(targets)) != len(targets):
+            raise DriverError(
+                f"two disks at one device: {sorted(targets)}", code="virt.volume.device_in_use"
+            )
+        return out
+
+    def _check_config_drive(self, guest: Guest) -> str:
+        if guest.config_drive is not None and self.cdrom_bus is None:
+            raise DriverError(
+                f"a config drive needs a cdrom, which this driver offers on x86 only "
+                f"(this host is {self.arch})",
+                code="virt.config_drive.unsupported",
+            )
+        return self.cdrom_bus or "ide"
+
+    def _write_config_drive(self, instance_id: str, guest: Guest) -> Path | None:
+        if guest.config_drive is None:
+            return None
+        out = self._config_drive_path(instance_id)
+        try:
+            build_config_drive(dict(guest.config_drive), out)
+        except OSError as exc:
+            raise DriverError(
+                f"cannot write the config drive {out}: {exc}", code="virt.config_drive.write"
+            ) from None
+        return out
+
+    def _xml_pair(self, dom: Any) -> tuple[str, str | None]:
+        """The persistent definition and, for a running domain, the live one."""
+        config = _call(lambda: str(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)))
+        live = _call(lambda: str(dom.XMLDesc(0))) if _call(lambda: bool(dom.isActive())) else None
+        return config, live
+
+    def _root_is_volume(self, dom: Any, instance_id: str) -> bool:
+        xml = _call(lambda: str(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)))
+        root = _disks(xml).get(ROOT_TARGET)
+        own = {str(self._overlay_path(instance_id)), str(self._disk_path(instance_id))}
+        return root is not None and root[1] not in own
+
+    def _refuse_volume_root(self, dom: Any, instance_id: str, what: str) -> None:
+        if self._root_is_volume(dom, instance_id):
+            raise DriverError(
+                f"instance {instance_id} boots from a volume: {what} the volume through the "
+                "volume service",
+                code="virt.libvirt.volume_root",
+            )
 
     def _console_path(self, instance_id: str) -> Path:
         return self.console_dir / f"{instance_id}.log"
@@ -1055,10 +1396,12 @@ def rewrite_for_destination(
     shared_cpus: frozenset[int],
     disk: Path,
     console_log: Path,
+    config_drive: Path | None = None,
 ) -> str:
     """The source's migratable XML with the destination's claim in it: its pins, emulator
     pins, NUMA cells and memory nodes (Nova before Train kept the source's: seed 002), and
-    the destination's own disk and console paths."""
+    the destination's own root disk, config drive and console paths. Volumes keep their
+    paths: they are not copied."""
     root = ET.fromstring(xml)
     cputune = root.find("cputune")
     if cputune is None:
@@ -1084,8 +1427,14 @@ def rewrite_for_destination(
             ET.SubElement(
                 numatune, "memnode", cellid=str(guest_cell), mode="strict", nodeset=str(host_cell)
             )
-    for source in root.findall("./devices/disk/source"):
-        if source.get("file"):
+    for disk_el in root.findall("./devices/disk"):
+        source, target = disk_el.find("source"), disk_el.find("target")
+        if source is None or target is None or not source.get("file"):
+            continue
+        if disk_el.get("device") == "cdrom":
+            if config_drive is not None:
+                source.set("file", str(config_drive))
+        elif target.get("dev") == ROOT_TARGET:
             source.set("file", str(disk))
     for kind in ("serial", "console"):
         for source in root.findall(f"./devices/{kind}/source"):
@@ -1122,6 +1471,24 @@ def _download_volume(uri: str, pool: str, volume: str, out: Path) -> None:
     finally:
         with contextlib.suppress(libvirt.libvirtError):
             conn.close()
+
+
+def _file_identity(path: Path) -> list[int]:
+    """(device, inode) of a file: two paths are one file when theirs match on one machine."""
+    try:
+        st = path.stat()
+    except OSError:
+        return []
+    return [st.st_dev, st.st_ino]
+
+
+def _machine_id() -> str:
+    for candidate in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        with contextlib.suppress(OSError):
+            text = Path(candidate).read_text().strip()
+            if text:
+                return text
+    return ""
 
 
 def _write_disk(disk: Path, size_bytes: int) -> None:

@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from stowage.virt.config_drive import build_config_drive
 from stowage.virt.driver import (
     DriverCrashed,
     DriverError,
@@ -210,6 +211,9 @@ class SimDriver:
             with disk.open("wb") as out:
                 out.write(head)
                 out.truncate(self.config.disk_bytes)
+        if guest.config_drive is not None:
+            # A real config drive, as on libvirt: the ISO beside the disk (no guest reads it).
+            build_config_drive(dict(guest.config_drive), disk.with_suffix(".config.iso"))
         self._step("spawn", "define")
         with self._lock:
             self._instances[instance_id] = _Instance(
@@ -256,6 +260,7 @@ class SimDriver:
         self._step("destroy", "delete_disk")
         inst.disk.unlink(missing_ok=True)
         inst.disk.with_suffix(".outgoing").unlink(missing_ok=True)
+        inst.disk.with_suffix(".config.iso").unlink(missing_ok=True)
 
     def reboot(self, instance_id: str) -> None:
         self._record("reboot", instance_id)

@@ -185,7 +185,7 @@ async def diagnostics(server_id: str, request: Request) -> JSONResponse:
             "hypervisor": "stowage",
             "hypervisor_os": "linux",
             "uptime": 0,
-            "config_drive": False,
+            "config_drive": bool(body.get("config_drive")),
             "num_cpus": vcpus,
             "num_nics": len(macs),
             "num_disks": 1,

@@ -177,15 +177,27 @@ def disk_config(value: Any) -> str:
     return str(value)
 
 
+_TRUE = frozenset({"true", "1", "on", "yes"})
+_FALSE = frozenset({"false", "0", "off", "no", ""})
+
+
+def check_config_drive(value: Any) -> bool:
+    """Nova's `config_drive` (parameter_types.boolean): the server gets a config drive (an
+    ISO 9660 cdrom labelled config-2 on libvirt; an ISO file beside the simulated disk)."""
+    if value is None or value is False:
+        return False
+    if value is True:
+        return True
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ApiError(
+        400, f"Invalid input for field/attribute config_drive. Value: {value}. is not a boolean"
+    )
+
+
 def check_refused(server: dict[str, Any], *, rebuild: bool = False) -> None:
-    """What this cloud cannot do, refused instead of accepted and dropped: a config drive,
-    injected files, and image certificate validation (Glance signatures are not verified)."""
-    if not rebuild and server.get("config_drive") not in (None, False, "", "false", "False"):
-        raise ApiError(
-            400,
-            "Invalid input for field/attribute config_drive: config drives are not supported "
-            "by this cloud; use the metadata service",
-        )
+    """What this cloud cannot do, refused instead of accepted and dropped: injected files,
+    and image certificate validation (Glance signatures are not verified)."""
     if server.get("personality"):
         raise ApiError(
             400,
@@ -427,6 +439,7 @@ def create_extras(server: dict[str, Any], version: Version) -> dict[str, Any]:
         "access_ipv4": server.get("accessIPv4") or "",
         "access_ipv6": server.get("accessIPv6") or "",
         "disk_config": disk_config(server.get("OS-DCF:diskConfig")),
+        "config_drive": check_config_drive(server.get("config_drive")),
     }
 
 

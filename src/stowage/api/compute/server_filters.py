@@ -125,7 +125,7 @@ def filter_servers(
     for key, value_of in (
         ("key_name", lambda b: b.get("key_name")),
         ("availability_zone", zone_of),
-        ("config_drive", lambda b: ""),  # no server has a config drive here
+        ("config_drive", lambda b: "True" if b.get("config_drive") else ""),
         ("launched_at", lambda b: _db_time(b.get("launched_at"))),
         ("user_id", lambda b: b.get("user_id")),
         ("vm_state", lambda b: b.get("vm_state")),
@@ -160,7 +160,7 @@ _SORT_VALUES: dict[str, Callable[[Document], Any]] = {
     "access_ip_v6": lambda d: d.body.get("access_ipv6") or "",
     "auto_disk_config": lambda d: d.body.get("disk_config") == "AUTO",
     "availability_zone": lambda d: d.body.get("availability_zone") or "",
-    "config_drive": lambda d: "",
+    "config_drive": lambda d: "True" if d.body.get("config_drive") else "",
     "created_at": lambda d: d.created_at,
     "display_description": lambda d: d.body.get("description") or "",
     "display_name": lambda d: d.body.get("name") or "",

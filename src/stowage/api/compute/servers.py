@@ -148,7 +148,7 @@ def server_view(
         "OS-DCF:diskConfig": body.get("disk_config") or "MANUAL",
         "progress": 0,
         "OS-EXT-AZ:availability_zone": body.get("availability_zone") or "nova",
-        "config_drive": "",
+        "config_drive": "True" if body.get("config_drive") else "",
         "key_name": body.get("key_name"),
         "OS-SRV-USG:launched_at": _iso(body.get("launched_at")),
         "OS-SRV-USG:terminated_at": None,
