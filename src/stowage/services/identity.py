@@ -63,6 +63,12 @@ USER_OPTIONS = {
 }
 RESOURCE_OPTIONS = {"immutable": bool}
 _NAME_CLAIM = "identity_name"
+# Kinds that name users, groups, projects and roles (services/identity_groups.py keeps the
+# first three, the inherited grants of OS-INHERIT the last): they go with what they name.
+_GROUP = "group"
+_GROUP_MEMBER = "group_member"
+_GROUP_GRANT = "group_assignment"
+_INHERITED = "inherited_assignment"
 _CLAIM_STALE_S = 60.0  # a claim whose object never came is free after this long
 _ISSUED = "issued_token"  # audit id -> user and project, until the token expires
 _REVOKED = "revoked_token"  # what api.auth checks on every request
@@ -362,10 +368,35 @@ class IdentityDirectory:
         for role in self.objects.list("role"):
             if role.body.get("domain_id") == doc.id:
                 self._remove_role(role)
+        for group in self.objects.list(_GROUP):
+            if group.body.get("domain_id") == doc.id:
+                self._remove_group_links("group_id", group.id)
+                self._delete_named(_GROUP, group)
         for grant in self.grants():
             if grant.domain_id == doc.id:
                 self.objects.delete("assignment", grant.id)
+        for kind in (_GROUP_GRANT, _INHERITED):
+            for link in self.objects.list(kind):
+                if link.body.get("domain_id") == doc.id:
+                    self.objects.delete(kind, link.id)
         self._delete_named("domain", doc)
+
+    def _remove_group_links(self, field: str, value: str) -> None:
+        """The memberships and group grants (and inherited grants) naming a user, group,
+        project or role that goes: Keystone deletes them with it."""
+        kinds = (_GROUP_MEMBER, _GROUP_GRANT, _INHERITED)
+        for kind in kinds:
+            for link in self.objects.list(kind):
+                if link.body.get(field) == value or (
+                    field == "project_id" and link.project_id == value
+                ):
+                    self.objects.delete(kind, link.id)
+                    if kind == _GROUP_GRANT and link.project_id:
+                        # Its members' tokens on the project carried the role.
+                        for member in self.objects.list(_GROUP_MEMBER, name=link.body["group_id"]):
+                            self.revoke_tokens(
+                                user_id=str(member.body["user_id"]), project_id=link.project_id
+                            )
 
     # -- projects -----------------------------------------------------------------------
 
@@ -479,6 +510,7 @@ class IdentityDirectory:
     def _remove_project(self, doc: Document) -> None:
         for grant in self.grants(project_id=doc.id):
             self.objects.delete("assignment", grant.id)
+        self._remove_group_links("project_id", doc.id)
         self._delete_named("project", doc)
         self.revoke_tokens(project_id=doc.id)
 
@@ -527,8 +559,7 @@ class IdentityDirectory:
         known = {"name", "domain_id", "enabled", "password", "default_project_id", "description"}
         name = check_name("user", fields.get("name"))
         domain_id = check_id("domain_id", fields.get("domain_id")) or default_domain
-        if self.objects.find("domain", domain_id) is None:
-            raise _invalid("domain_id", f"Could not find domain: {domain_id}.")
+        self.domain(domain_id)  # Keystone's DomainNotFound: a 404
         password = check_password(fields.get("password"))
         user_id = uuid.uuid4().hex
         body: dict[str, Any] = {
@@ -582,12 +613,11 @@ class IdentityDirectory:
         return updated
 
     def change_password(self, user_id: str, original: Any, password: Any) -> None:
-        """The user's own change: the original password must match."""
-        doc = self.user(user_id)
-        if not isinstance(original, str) or not verify_password(
-            original, doc.body.get("password_hash", "")
-        ):
-            raise Unauthorized("The original password is not correct.")
+        """The user's own change: the original password must match, checked as a login is
+        (the same work whether the user exists, failures counted towards a lockout)."""
+        if not isinstance(original, str):
+            raise _invalid("original_password", f"{original!r} is not of type 'string'")
+        doc = self.password_login(self.objects.find("user", user_id), original)
         new = check_password(password)
         if new is None:
             raise _invalid("password", "is required")
@@ -604,6 +634,7 @@ class IdentityDirectory:
         self.objects.delete(_FAILURES, doc.id)
         for grant in self.grants(user_id=doc.id):
             self.objects.delete("assignment", grant.id)
+        self._remove_group_links("user_id", doc.id)
         self.revoke_tokens(user_id=doc.id)
 
     # -- roles --------------------------------------------------------------------------
@@ -657,6 +688,7 @@ class IdentityDirectory:
         for grant in self.grants(role_id=doc.id):
             self.objects.delete("assignment", grant.id)
             self._revoke_for(grant)
+        self._remove_group_links("role_id", doc.id)
         self._delete_named("role", doc)
 
     def role_by_name(self, name: str) -> Document | None:
