@@ -15,7 +15,6 @@ _KEYSTONE_CORE = (
     "/policies",
     "/domains/default/config",
     "/system/groups/x/roles",
-    "/roles/x/implies",
 )
 _KEYSTONE_EXTENSIONS = ("/OS-EP-FILTER/endpoint_groups", "/OS-TRUST/trusts", "/OS-INHERIT/x")
 _NEUTRON_MISSING = {

@@ -301,7 +301,7 @@ def token_roles(cloud: Cloud, doc: Document) -> tuple[str, ...]:
         )
     from stowage.services.identity import with_implied
 
-    return with_implied(names)
+    return with_implied(cloud, names)
 
 
 def record_token(cloud: Cloud, audit_id: str, doc: Document, expires_at: float) -> None:

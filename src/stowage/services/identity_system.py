@@ -9,7 +9,7 @@ import hashlib
 
 from stowage.domain.errors import ConflictError, NotFound
 from stowage.services.cloud import Cloud
-from stowage.services.identity import IdentityDirectory, with_implied
+from stowage.services.identity import IdentityDirectory, implied_closure
 
 __all__ = ["grant_system", "revoke_system", "system_role_ids", "system_roles_of"]
 
@@ -54,9 +54,5 @@ def revoke_system(cloud: Cloud, user_id: str, role_id: str) -> None:
 
 def system_roles_of(cloud: Cloud, user_id: str) -> tuple[str, ...]:
     """The names of the user's system roles and of the roles they imply."""
-    names = []
-    for _user, role_id in system_role_ids(cloud, user_id):
-        role = cloud.objects.find("role", role_id)
-        if role is not None and role.name:
-            names.append(role.name)
-    return with_implied(names)
+    held = [role_id for _user, role_id in system_role_ids(cloud, user_id)]
+    return tuple(sorted({role.name or "" for role in implied_closure(cloud, held)}))

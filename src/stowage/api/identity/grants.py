@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from stowage.api.common import ApiError
-from stowage.api.identity.policy import Caller, admin, caller, forbid
+from stowage.api.identity.policy import Caller, admin, caller, forbid, reader_of_all
 from stowage.api.identity.views import (
     as_bool,
     base_of,
@@ -22,7 +22,7 @@ from stowage.api.identity.views import (
 from stowage.api.responses import JSONResponse
 from stowage.ledger.objects import Document
 from stowage.services.cloud import DEFAULT_DOMAIN
-from stowage.services.identity import IMPLIED_ROLES, Grant, IdentityDirectory
+from stowage.services.identity import Grant, IdentityDirectory, inference_rules
 from stowage.services.identity_groups import GroupDirectory, GroupGrant
 from stowage.services.identity_system import system_role_ids
 
@@ -333,22 +333,75 @@ def _assignment(
     }
 
 
+# -- implied roles (role inference rules) ---------------------------------------------------
+
+
+def _brief(base: str, doc: Document) -> dict[str, Any]:
+    return {"id": doc.id, "name": doc.name, "links": {"self": f"{base}/roles/{doc.id}"}}
+
+
+def _inference(request: Request, prior: Document, implied: Document) -> dict[str, Any]:
+    base = base_of(request)
+    return {
+        "role_inference": {"prior_role": _brief(base, prior), "implies": _brief(base, implied)},
+        "links": {"self": f"{base}/roles/{prior.id}/implies/{implied.id}"},
+    }
+
+
+@router.put("/v3/roles/{prior_id}/implies/{implied_id}")
+async def create_implied_role(request: Request, prior_id: str, implied_id: str) -> JSONResponse:
+    who = admin(request, "create_implied_role")
+    prior, implied = who.directory.create_implied_role(prior_id, implied_id)
+    return JSONResponse(_inference(request, prior, implied), status_code=201)
+
+
+@router.get("/v3/roles/{prior_id}/implies/{implied_id}")
+async def show_implied_role(request: Request, prior_id: str, implied_id: str) -> JSONResponse:
+    who = reader_of_all(request, "get_implied_role")
+    prior, implied = who.directory.implied_rule(prior_id, implied_id)
+    return JSONResponse(_inference(request, prior, implied))
+
+
+@router.head("/v3/roles/{prior_id}/implies/{implied_id}")
+async def check_implied_role(request: Request, prior_id: str, implied_id: str) -> Response:
+    reader_of_all(request, "check_implied_role").directory.implied_rule(prior_id, implied_id)
+    return Response(status_code=204)
+
+
+@router.delete("/v3/roles/{prior_id}/implies/{implied_id}")
+async def delete_implied_role(request: Request, prior_id: str, implied_id: str) -> Response:
+    admin(request, "delete_implied_role").directory.delete_implied_role(prior_id, implied_id)
+    return Response(status_code=204)
+
+
+@router.get("/v3/roles/{prior_id}/implies")
+async def list_implied_roles(request: Request, prior_id: str) -> JSONResponse:
+    who = reader_of_all(request, "list_implied_roles")
+    prior, implied = who.directory.implied_by(prior_id)
+    base = base_of(request)
+    return JSONResponse(
+        {
+            "role_inference": {
+                "prior_role": _brief(base, prior),
+                "implies": [_brief(base, d) for d in implied],
+            },
+            "links": {"self": f"{base}/roles/{prior.id}/implies"},
+        }
+    )
+
+
 @router.get("/v3/role_inferences")
 async def list_role_inferences(request: Request) -> JSONResponse:
-    who = caller(request)
+    who = reader_of_all(request, "list_role_inference_rules")
     base = base_of(request)
-    by_name = {r.name: r for r in who.directory.roles() if r.body.get("domain_id") is None}
-
-    def brief(doc: Document) -> dict[str, Any]:
-        return {"id": doc.id, "name": doc.name, "links": {"self": f"{base}/roles/{doc.id}"}}
-
+    roles = {r.id: r for r in who.directory.roles()}
+    implies: dict[str, list[Document]] = {}
+    for prior, implied in inference_rules(who.directory.cloud, roles.values()):
+        if prior in roles and implied in roles:
+            implies.setdefault(prior, []).append(roles[implied])
     rows = [
-        {
-            "prior_role": brief(by_name[prior]),
-            "implies": [brief(by_name[i]) for i in implied if i in by_name],
-        }
-        for prior, implied in IMPLIED_ROLES.items()
-        if prior in by_name
+        {"prior_role": _brief(base, roles[prior]), "implies": [_brief(base, d) for d in docs]}
+        for prior, docs in implies.items()
     ]
     return JSONResponse({"role_inferences": rows, "links": {"self": f"{base}/role_inferences"}})
 

@@ -40,8 +40,6 @@ _PATHS = (
     "/v3/domains/config/{group}/default",
     "/v3/system/groups/{group_id}/roles",
     "/v3/system/groups/{group_id}/roles/{role_id}",
-    "/v3/roles/{prior_role_id}/implies",
-    "/v3/roles/{prior_role_id}/implies/{implied_role_id}",
 )
 
 
