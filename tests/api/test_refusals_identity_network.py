@@ -16,7 +16,7 @@ _KEYSTONE_CORE = (
     "/domains/default/config",
     "/system/groups/x/roles",
 )
-_KEYSTONE_EXTENSIONS = ("/OS-EP-FILTER/endpoint_groups", "/OS-TRUST/trusts", "/OS-INHERIT/x")
+_KEYSTONE_EXTENSIONS = ("/OS-EP-FILTER/endpoint_groups", "/OS-TRUST/trusts")
 _NEUTRON_MISSING = {
     "trunk": "/trunks",
     "subnet_allocation": "/subnetpools",

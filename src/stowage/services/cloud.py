@@ -126,6 +126,7 @@ class Cloud:
     def roles_of(self, user_id: str, project_id: str) -> tuple[str, ...]:
         from stowage.services.identity import implied_closure
         from stowage.services.identity_groups import group_role_ids
+        from stowage.services.identity_inherit import inherited_role_ids
 
         role_ids = [
             doc.body["role_id"]
@@ -134,6 +135,8 @@ class Cloud:
         ]
         # The roles of the user's groups on the project count as its own (Keystone's).
         role_ids += group_role_ids(self, user_id, project_id)
+        # And those inherited from the project's domain or its parents (OS-INHERIT).
+        role_ids += inherited_role_ids(self, user_id, project_id)
         # With the roles they imply, by the cloud's inference rules.
         return tuple(sorted({role.name or "" for role in implied_closure(self, role_ids)}))
 

@@ -13,6 +13,7 @@ from stowage.api.identity import (
     catalog,
     grants,
     groups,
+    inherit,
     resources,
     system,
     tokens,
@@ -81,5 +82,6 @@ def create_identity_app(cloud: Cloud) -> FastAPI:
     app.include_router(app_credentials.router)
     app.include_router(groups.router)
     app.include_router(system.router)
+    app.include_router(inherit.router)
     app.include_router(unimplemented.router)
     return app

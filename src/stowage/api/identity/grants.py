@@ -24,6 +24,7 @@ from stowage.ledger.objects import Document
 from stowage.services.cloud import DEFAULT_DOMAIN
 from stowage.services.identity import Grant, IdentityDirectory, inference_rules
 from stowage.services.identity_groups import GroupDirectory, GroupGrant
+from stowage.services.identity_inherit import InheritedGrants
 from stowage.services.identity_system import system_role_ids
 
 __all__ = ["router"]
@@ -156,24 +157,109 @@ async def list_role_assignments(request: Request) -> JSONResponse:
     grants, group_grants, via = _collect(
         request, directory, groups, user_id, project_id, domain_id, include_subtree, effective
     )
+    base = base_of(request)
+    inherited_rows: list[dict[str, Any]] = []
+    assignment_links: dict[str, str] = {}  # grant id -> its assignment link, when inherited
+    if not params.get("scope.system"):
+        inherited_rows = _inherited(
+            request, directory, base, grants, via, assignment_links, effective, include_subtree
+        )
     if not who.reads_all:
         grants = [g for g in grants if g.user_id == who.ctx.user_id]
         group_grants = []
+        inherited_rows = [
+            r for r in inherited_rows if r.get("user", {}).get("id") == who.ctx.user_id
+        ]
     pairs = directory.effective(grants) if effective else ((g, None) for g in grants)
     if role_id:
         pairs = ((g, prior) for g, prior in pairs if g.role_id == role_id)
         group_grants = [g for g in group_grants if g.role_id == role_id]
     names = _Names(who) if include_names else None
-    base = base_of(request)
-    rows = [_assignment(base, g, prior, names, via) for g, prior in pairs]
+    rows = [_assignment(base, g, prior, names, via, assignment_links) for g, prior in pairs]
     rows += [_group_assignment(base, g, names, groups) for g in group_grants]
-    if params.get("scope.system") or not (project_id or domain_id or params.get("group.id")):
+    if role_id:
+        inherited_rows = [r for r in inherited_rows if r["role"]["id"] == role_id]
+    rows += inherited_rows
+    unscoped = not (project_id or domain_id or params.get("group.id"))
+    if params.get("scope.system") or (unscoped and not params.get("scope.OS-INHERIT:inherited_to")):
         rows += _system_rows(who, base, user_id, role_id, names)
     query = str(request.url.query)
     self_url = f"{base}/role_assignments" + (f"?{query}" if query else "")
     return JSONResponse(
         {"role_assignments": rows, "links": {"self": self_url, "previous": None, "next": None}}
     )
+
+
+def _inherited(
+    request: Request,
+    directory: IdentityDirectory,
+    base: str,
+    grants: list[Grant],
+    via: dict[str, str],
+    assignment_links: dict[str, str],
+    effective: bool,
+    include_subtree: bool,
+) -> list[dict[str, Any]]:
+    """OS-INHERIT's grants: effective, one grant per project inheriting it (and per member of
+    a group), added to `grants`; otherwise the rows of the grants themselves, scoped to their
+    domain or project and marked inherited_to projects."""
+    params = request.query_params
+    user_id, group_id = params.get("user.id"), params.get("group.id")
+    project_id, domain_id = params.get("scope.project.id"), params.get("scope.domain.id")
+    inherited = InheritedGrants(directory.cloud)
+    found = inherited.grants(role_id=None)
+    if group_id:
+        found = [g for g in found if g.actor == "group" and g.actor_id == group_id]
+    if effective:
+        if domain_id:
+            return []  # an inherited grant is not held on its domain, only below it
+        wanted = None
+        if project_id:
+            wanted = {project_id}
+            if include_subtree:
+                wanted |= {p.id for p in directory.subtree(directory.project(project_id))}
+        for grant in found:
+            users = [u for u in inherited.users_of(grant) if not user_id or u == user_id]
+            if not users:
+                continue
+            target = (
+                f"domains/{grant.domain_id}" if grant.domain_id else f"projects/{grant.project_id}"
+            )
+            actor = f"{grant.actor}s/{grant.actor_id}"
+            assignment_links[grant.id] = (
+                f"{base}/OS-INHERIT/{target}/{actor}/roles/{grant.role_id}/inherited_to_projects"
+            )
+            if grant.actor == "group":
+                via[grant.id] = grant.actor_id
+            for project in inherited.projects_of(grant):
+                if wanted is not None and project.id not in wanted:
+                    continue
+                grants += [Grant(grant.id, u, grant.role_id, project.id, None) for u in users]
+        return []
+    if user_id:
+        found = [g for g in found if g.actor == "user" and g.actor_id == user_id]
+    if project_id:
+        found = [g for g in found if g.project_id == project_id]
+    elif domain_id:
+        found = [g for g in found if g.domain_id == domain_id]
+    rows = []
+    for grant in found:
+        kind, target_id = (
+            ("project", grant.project_id) if grant.project_id else ("domain", grant.domain_id)
+        )
+        actor = f"{grant.actor}s/{grant.actor_id}"
+        rows.append(
+            {
+                "role": {"id": grant.role_id},
+                grant.actor: {"id": grant.actor_id},
+                "scope": {kind: {"id": target_id}, "OS-INHERIT:inherited_to": "projects"},
+                "links": {
+                    "assignment": f"{base}/OS-INHERIT/{kind}s/{target_id}/{actor}/roles/"
+                    f"{grant.role_id}/inherited_to_projects"
+                },
+            }
+        )
+    return rows
 
 
 def _system_rows(
@@ -312,17 +398,22 @@ def _assignment(
     prior: Grant | None,
     names: _Names | None,
     via: dict[str, str] | None = None,
+    assignment_links: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     origin = prior or grant
     target, scope = _target(grant, names)
     group_id = (via or {}).get(origin.id)
+    inherited = (assignment_links or {}).get(origin.id)
     if group_id is not None:
         links = {
-            "assignment": f"{base}/{target}/groups/{group_id}/roles/{origin.role_id}",
+            "assignment": inherited or f"{base}/{target}/groups/{group_id}/roles/{origin.role_id}",
             "membership": f"{base}/groups/{group_id}/users/{origin.user_id}",
         }
     else:
-        links = {"assignment": f"{base}/{target}/users/{origin.user_id}/roles/{origin.role_id}"}
+        links = {
+            "assignment": inherited
+            or f"{base}/{target}/users/{origin.user_id}/roles/{origin.role_id}"
+        }
     if prior is not None:
         links["prior_role"] = f"{base}/roles/{prior.role_id}"
     return {
