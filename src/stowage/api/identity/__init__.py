@@ -11,6 +11,7 @@ from stowage.api.common import identity_error, install_common, www_authenticate
 from stowage.api.identity import (
     app_credentials,
     catalog,
+    credentials,
     grants,
     groups,
     inherit,
@@ -83,5 +84,6 @@ def create_identity_app(cloud: Cloud) -> FastAPI:
     app.include_router(groups.router)
     app.include_router(system.router)
     app.include_router(inherit.router)
+    app.include_router(credentials.router)
     app.include_router(unimplemented.router)
     return app
