@@ -101,3 +101,26 @@ def test_ec2_credentials_of_a_user_on_its_project(cloud: RunningCloud) -> None:
     deleted = team.osc("member", "ec2", "credentials", "delete", ec2["access"])
     assert deleted.returncode == 0, deleted.stderr
     assert httpx.get(f"{url}/{ec2['access']}", headers=mine).status_code == 404
+
+
+def test_policy_blobs_are_stored_by_an_admin_and_read_by_readers_of_the_system(
+    cloud: RunningCloud,
+) -> None:
+    """/v3/policies keeps blobs, as Keystone does (which never enforces them)."""
+    team = personas(cloud, "pol")
+    path = cloud.state_dir / "policy.json"
+    path.write_text('{"compute:start": "role:admin"}')
+    made = cloud.osc_json("policy", "create", "--type", "application/json", str(path))
+    assert made["type"] == "application/json"
+    assert json.loads(made["rules"]) == {"compute:start": "role:admin"}
+    cloud.osc("policy", "set", "--type", "text/plain", made["id"])
+    shown = cloud.osc_json("policy", "show", made["id"])
+    assert shown["type"] == "text/plain"
+    assert made["id"] in {p["ID"] for p in cloud.osc_json("policy", "list")}
+    member = Admin(cloud, team.token("member"))
+    assert member("GET", "/policies").status_code == 403
+    refused = member("POST", "/policies", {"policy": {"type": "x", "blob": "y"}})
+    assert refused.status_code == 403 and "identity:create_policy" in refused.text
+    assert member("DELETE", f"/policies/{made['id']}").status_code == 403
+    cloud.osc("policy", "delete", made["id"])
+    assert Admin(cloud)("GET", f"/policies/{made['id']}").status_code == 404

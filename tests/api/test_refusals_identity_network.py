@@ -11,7 +11,6 @@ from tests.api.cloudproc import RunningCloud
 _KEYSTONE_CORE = (
     "/limits",
     "/registered_limits",
-    "/policies",
     "/domains/default/config",
     "/system/groups/x/roles",
 )

@@ -27,8 +27,6 @@ _PATHS = (
     "/v3/limits/{limit_id}",
     "/v3/registered_limits",
     "/v3/registered_limits/{limit_id}",
-    "/v3/policies",
-    "/v3/policies/{policy_id}",
     "/v3/domains/{domain_id}/config",
     "/v3/domains/{domain_id}/config/{group}",
     "/v3/domains/{domain_id}/config/{group}/{option}",
