@@ -12,7 +12,6 @@ _KEYSTONE_CORE = (
     "/limits",
     "/registered_limits",
     "/domains/default/config",
-    "/system/groups/x/roles",
 )
 _KEYSTONE_EXTENSIONS = ("/OS-EP-FILTER/endpoint_groups", "/OS-TRUST/trusts")
 _NEUTRON_MISSING = {

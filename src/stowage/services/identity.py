@@ -112,6 +112,7 @@ _GROUP = "group"
 _GROUP_MEMBER = "group_member"
 _GROUP_GRANT = "group_assignment"
 _INHERITED = "inherited_assignment"
+_SYSTEM_GROUP_GRANT = "system_group_assignment"  # services/identity_system.py
 _CREDENTIAL = "credential"  # services/identity_credentials.py: a user's or project's goes too
 _CLAIM_STALE_S = 60.0  # a claim whose object never came is free after this long
 _ISSUED = "issued_token"  # audit id -> user and project, until the token expires
@@ -428,7 +429,7 @@ class IdentityDirectory:
     def _remove_group_links(self, field: str, value: str) -> None:
         """The memberships and group grants (and inherited grants) naming a user, group,
         project or role that goes: Keystone deletes them with it."""
-        kinds = (_GROUP_MEMBER, _GROUP_GRANT, _INHERITED, _CREDENTIAL)
+        kinds = (_GROUP_MEMBER, _GROUP_GRANT, _INHERITED, _CREDENTIAL, _SYSTEM_GROUP_GRANT)
         for kind in kinds:
             for link in self.objects.list(kind):
                 if link.body.get(field) == value or (

@@ -32,6 +32,7 @@ __all__ = ["GroupDirectory", "GroupGrant", "group_role_ids"]
 
 _MEMBER = "group_member"
 _GRANT = "group_assignment"
+_SYSTEM_GRANT = "system_group_assignment"  # services/identity_system.py
 _FIELDS = {"name", "description", "domain_id"}
 
 
@@ -119,6 +120,10 @@ class GroupDirectory(IdentityDirectory):
             self.objects.delete(_GRANT, grant.id)
         for user_id in members:
             self.objects.delete(_MEMBER, f"{group_id}:{user_id}")
+            if self.objects.list(_SYSTEM_GRANT):
+                self.revoke_tokens(user_id=user_id, project_id="")
+        # Its inherited and system grants go too.
+        self._remove_group_links("group_id", group_id)
         self._delete_named("group", doc)
         for grant in grants:
             self._revoke_members(members, grant)
@@ -156,6 +161,8 @@ class GroupDirectory(IdentityDirectory):
         self.objects.delete(_MEMBER, f"{group_id}:{user_id}")
         for grant in self.group_grants(group_id=group_id):
             self._revoke_members([user_id], grant)
+        if any(d.body["group_id"] == group_id for d in self.objects.list(_SYSTEM_GRANT)):
+            self.revoke_tokens(user_id=user_id, project_id="")  # its system tokens
 
     # -- grants -------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from stowage.services.cloud import DEFAULT_DOMAIN
 from stowage.services.identity import Grant, IdentityDirectory, inference_rules
 from stowage.services.identity_groups import GroupDirectory, GroupGrant
 from stowage.services.identity_inherit import InheritedGrants
-from stowage.services.identity_system import system_role_ids
+from stowage.services.identity_system import system_role_ids, system_roles_of
 
 __all__ = ["router"]
 
@@ -541,6 +541,6 @@ async def list_auth_domains(request: Request) -> JSONResponse:
 @router.get("/v3/auth/system")
 async def list_auth_system(request: Request) -> JSONResponse:
     who = caller(request)
-    held = system_role_ids(who.directory.cloud, who.ctx.user_id)
+    held = system_roles_of(who.directory.cloud, who.ctx.user_id)  # its own and its groups'
     system = [{"all": True}] if held else []
     return JSONResponse({"system": system, "links": {"self": f"{base_of(request)}/auth/system"}})

@@ -32,8 +32,6 @@ _PATHS = (
     "/v3/domains/{domain_id}/config/{group}/{option}",
     "/v3/domains/config/default",
     "/v3/domains/config/{group}/default",
-    "/v3/system/groups/{group_id}/roles",
-    "/v3/system/groups/{group_id}/roles/{role_id}",
 )
 
 
