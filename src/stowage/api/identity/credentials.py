@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from stowage.api.common import json_body
 from stowage.api.identity.policy import Caller, caller, forbid
 from stowage.api.identity.views import base_of, envelope
 from stowage.api.responses import JSONResponse
@@ -139,7 +140,7 @@ def _ec2_owner(request: Request, user_id: str, action: str, *, write: bool) -> C
 @router.post(_EC2)
 async def create_ec2(request: Request, user_id: str) -> JSONResponse:
     creds = _ec2_owner(request, user_id, "ec2_create_credential", write=True)
-    fields = await request.json() if await request.body() else {}
+    fields = await json_body(request) if await request.body() else {}
     tenant = fields.get("tenant_id") if isinstance(fields, dict) else None
     doc, blob = creds.create_ec2(user_id, tenant)
     return JSONResponse({"credential": _ec2_view(request, doc, blob)}, status_code=201)

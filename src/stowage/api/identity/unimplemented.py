@@ -1,7 +1,7 @@
 """Keystone core APIs this identity service does not offer, refused with Keystone's 501.
 
 Keystone answers 404 for the routes of an extension it does not load (OS-EP-FILTER, OS-TRUST,
-OS-OAUTH1, OS-INHERIT, OS-FEDERATION, OS-REVOKE, OS-SIMPLE-CERT): those fall through to the
+OS-OAUTH1, OS-FEDERATION, OS-REVOKE, OS-SIMPLE-CERT): those fall through to the
 404 every unknown route gets. The routes below are core API: a request for one is understood
 and not carried out, so it is a 501, never a 404 that reads as "no such thing" nor an answer
 that pretends.
