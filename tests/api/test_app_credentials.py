@@ -12,7 +12,7 @@ import pytest
 from tests.api.cloudproc import IMAGE, RunningCloud
 from tests.api.personas import Personas, personas
 from tests.api.sdk import SDK_WARNINGS, connect
-from tests.api.test_identity import unique
+from tests.api.test_identity import Admin, unique
 
 pytestmark = SDK_WARNINGS
 
@@ -175,3 +175,24 @@ def test_access_rules_hold_a_token_to_the_requests_they_name(
     ]
     bad = _create(cloud, member, member_id, name=unique("ar"), access_rules=[{"path": "x"}])
     assert bad.status_code == 400
+
+
+def test_a_role_granted_after_the_token_may_be_given_to_a_credential(
+    cloud: RunningCloud, team: Personas
+) -> None:
+    """Keystone checks a credential's roles against the user's assignments, not the token's
+    roles: a role granted since the token was issued counts (Tempest's
+    test_create_application_credential_with_roles)."""
+    member, member_id = team.token("member"), team.users["member"]["id"]
+    admin = Admin(cloud)
+    role = admin("POST", "/roles", {"role": {"name": unique("deployer")}}).json()["role"]
+    refused = _create(cloud, member, member_id, name=unique("c"), roles=[{"id": role["id"]}])
+    assert refused.status_code == 403, refused.text  # not held yet
+    path = f"/projects/{team.project['id']}/users/{member_id}/roles/{role['id']}"
+    assert admin("PUT", path).status_code == 204
+    made = _create(cloud, member, member_id, name=unique("c"), roles=[{"id": role["id"]}])
+    assert made.status_code == 201, made.text
+    cred = made.json()["application_credential"]
+    issued = _auth(cloud, cred["id"], cred["secret"])
+    assert issued.status_code == 201, issued.text
+    assert [r["id"] for r in issued.json()["token"]["roles"]] == [role["id"]]

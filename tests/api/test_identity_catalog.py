@@ -79,3 +79,35 @@ def test_regions_nest_refuse_cycles_and_deletes_in_use(cloud: RunningCloud) -> N
         {"endpoint": {"service_id": "none", "interface": "public", "url": "http://x"}},
     )
     assert bad.status_code == 400
+
+
+def test_an_endpoint_moved_with_the_legacy_region_field_creates_the_region(
+    cloud: RunningCloud,
+) -> None:
+    """`region` (v2's name) on update, as on create: the region is made if missing, and the
+    endpoint moves to it (Keystone's _validate_endpoint_region; Tempest's
+    test_update_endpoint)."""
+    admin = Admin(cloud)
+    service = cloud.osc_json("service", "create", "--name", "moved", unique("stowage-test"))
+    first, second = unique("region"), unique("region")
+    try:
+        body = {"service_id": service["id"], "interface": "public", "url": "http://a.example/"}
+        made = admin("POST", "/endpoints", {"endpoint": {**body, "region": first}})
+        assert made.status_code == 201, made.text
+        endpoint = made.json()["endpoint"]
+        assert admin("GET", f"/regions/{first}").status_code == 200
+        moved = admin("PATCH", f"/endpoints/{endpoint['id']}", {"endpoint": {"region": second}})
+        assert moved.status_code == 200, moved.text
+        assert (moved.json()["endpoint"]["region"], moved.json()["endpoint"]["region_id"]) == (
+            second,
+            second,
+        )
+        assert admin("GET", f"/regions/{second}").status_code == 200
+        # The first region holds no endpoint any more: it may go.
+        assert admin("DELETE", f"/regions/{first}").status_code == 204
+        # Named as region_id, a region must exist.
+        absent = admin("PATCH", f"/endpoints/{endpoint['id']}", {"endpoint": {"region_id": "x"}})
+        assert absent.status_code == 400, absent.text
+    finally:
+        cloud.osc("service", "delete", service["id"])
+    assert admin("DELETE", f"/regions/{second}").status_code == 204

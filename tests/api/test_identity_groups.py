@@ -79,3 +79,17 @@ def test_group_names_are_unique_per_domain_and_grants_idempotent(cloud: RunningC
     assert admin("DELETE", path).status_code == 204
     assert admin("HEAD", path).status_code == 404
     assert admin("DELETE", f"/groups/{group['id']}").status_code == 204
+
+
+def test_a_group_keeps_attributes_keystone_does_not_know(cloud: RunningCloud) -> None:
+    """Keystone's group schema allows additional properties (Tempest creates groups with a
+    project_id): stored, shown and updated as they came."""
+    admin = Admin(cloud)
+    made = admin("POST", "/groups", {"group": {"name": unique("grp"), "project_id": "p1"}})
+    assert made.status_code == 201, made.text
+    group = made.json()["group"]
+    assert group["project_id"] == "p1"
+    changed = admin("PATCH", f"/groups/{group['id']}", {"group": {"project_id": "p2"}})
+    assert changed.json()["group"]["project_id"] == "p2"
+    assert admin("GET", f"/groups/{group['id']}").json()["group"]["project_id"] == "p2"
+    assert admin("DELETE", f"/groups/{group['id']}").status_code == 204

@@ -52,3 +52,33 @@ def test_a_system_reader_reads_everything_and_changes_nothing(cloud: RunningClou
     assert admin("DELETE", path).status_code == 204
     assert reader("GET", "/users").status_code == 401
     assert admin("DELETE", path).status_code == 404
+
+
+def test_a_groups_system_role_gives_its_members_system_tokens(cloud: RunningCloud) -> None:
+    admin = Admin(cloud)
+    user = admin.user(unique("sysgroup"), "system-secret")
+    group = cloud.osc_json("group", "create", unique("auditors"))
+    cloud.osc("group", "add", "user", group["id"], user["id"])
+    assert _system_token(cloud, user["id"], "system-secret").status_code == 401
+    cloud.osc("role", "add", "--group", group["id"], "--system", "all", "reader")
+    reader = admin.role_id("reader")
+    assert admin("HEAD", f"/system/groups/{group['id']}/roles/{reader}").status_code == 204
+    listed = admin("GET", f"/system/groups/{group['id']}/roles").json()["roles"]
+    assert [r["name"] for r in listed] == ["reader"]
+    issued = _system_token(cloud, user["id"], "system-secret")
+    assert issued.status_code == 201, issued.text
+    token = issued.headers["x-subject-token"]
+    assert {r["name"] for r in issued.json()["token"]["roles"]} == {"reader"}
+    # A system reader reads every user, and changes nothing.
+    as_reader = Admin(cloud, token)
+    assert as_reader("GET", "/users").status_code == 200
+    assert as_reader("PUT", f"/system/groups/{group['id']}/roles/{reader}").status_code == 403
+    # Leaving the group ends the system tokens it gave.
+    cloud.osc("group", "remove", "user", group["id"], user["id"])
+    assert as_reader("GET", "/users").status_code == 401
+    cloud.osc("group", "add", "user", group["id"], user["id"])
+    token = _system_token(cloud, user["id"], "system-secret").headers["x-subject-token"]
+    cloud.osc("role", "remove", "--group", group["id"], "--system", "all", "reader")
+    assert Admin(cloud, token)("GET", "/users").status_code == 401
+    assert _system_token(cloud, user["id"], "system-secret").status_code == 401
+    assert admin("HEAD", f"/system/groups/{group['id']}/roles/{reader}").status_code == 404

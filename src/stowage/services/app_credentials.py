@@ -74,10 +74,15 @@ def _expiry(value: Any, now: float) -> float | None:
     return ts
 
 
-def _roles(cloud: Cloud, value: Any, held: Sequence[str]) -> list[dict[str, Any]]:
-    """The roles asked for, each one the caller's token holds; all of them when none."""
+def _roles(
+    cloud: Cloud, value: Any, held: Sequence[str], user_id: str, project_id: str
+) -> list[dict[str, Any]]:
+    """The roles asked for, each one the user holds on the project now (Keystone checks the
+    assignments, so a role granted after the token was issued counts); the token's when none
+    are named."""
     if value is None:
         value = [{"name": name} for name in held]
+    held = [*held, *(cloud.roles_of(user_id, project_id) if project_id else ())]
     if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
         raise _invalid("roles", "a list of objects with a role's id or name")
     out: dict[str, dict[str, Any]] = {}
@@ -178,7 +183,7 @@ def create(
         "name": name,
         "description": description,
         "expires_at": _expiry(fields.get("expires_at"), cloud.clock()),
-        "roles": _roles(cloud, fields.get("roles"), held_roles),
+        "roles": _roles(cloud, fields.get("roles"), held_roles, user_id, project_id),
         "unrestricted": unrestricted,
         "access_rules": rules,
         "secret_hash": hash_password(secret),
@@ -296,7 +301,7 @@ def token_roles(cloud: Cloud, doc: Document) -> tuple[str, ...]:
         )
     from stowage.services.identity import with_implied
 
-    return with_implied(names)
+    return with_implied(cloud, names)
 
 
 def record_token(cloud: Cloud, audit_id: str, doc: Document, expires_at: float) -> None:

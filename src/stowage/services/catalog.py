@@ -349,6 +349,9 @@ def update_endpoint(cloud: Cloud, endpoint_id: str, changes: Mapping[str, Any]) 
     doc = endpoint(cloud, endpoint_id)
     changes = {k: v for k, v in changes.items() if k != "url_path"}
     merged = {**doc.body, **changes}
+    if "region_id" not in changes and changes.get("region") is not None:
+        # The legacy name moves the endpoint (creating the region if need be), as on create.
+        merged.pop("region_id", None)
     if "url" in changes:
         merged.pop("url_path", None)  # a built-in endpoint given a URL of its own keeps it
     body = _endpoint_body(cloud, merged)

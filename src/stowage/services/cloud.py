@@ -124,8 +124,9 @@ class Cloud:
         raise NotFound(f"Could not find {kind}: {name}.")
 
     def roles_of(self, user_id: str, project_id: str) -> tuple[str, ...]:
-        from stowage.services.identity import with_implied
+        from stowage.services.identity import implied_closure
         from stowage.services.identity_groups import group_role_ids
+        from stowage.services.identity_inherit import inherited_role_ids
 
         role_ids = [
             doc.body["role_id"]
@@ -134,13 +135,10 @@ class Cloud:
         ]
         # The roles of the user's groups on the project count as its own (Keystone's).
         role_ids += group_role_ids(self, user_id, project_id)
-        names = []
-        for role_id in dict.fromkeys(role_ids):
-            role = self.objects.find("role", role_id)
-            if role is not None:
-                names.append(role.name or "")
-
-        return with_implied(names)
+        # And those inherited from the project's domain or its parents (OS-INHERIT).
+        role_ids += inherited_role_ids(self, user_id, project_id)
+        # With the roles they imply, by the cloud's inference rules.
+        return tuple(sorted({role.name or "" for role in implied_closure(self, role_ids)}))
 
 
 def _token_key(state_dir: Path) -> bytes:
@@ -194,6 +192,14 @@ def bootstrap(cloud: Cloud) -> None:
         role_id = _bootstrap_id("role", role)
         role_ids[role] = role_id
         ensure("role", role_id, {"id": role_id, "name": role, "domain_id": None}, name=role)
+    # Keystone's default inference rules, as data an admin may change (services/identity.py).
+    from stowage.services.identity import IMPLIED_ROLES, INFERENCE, INFERENCES_STORED
+
+    for prior, implies in IMPLIED_ROLES.items():
+        for implied in implies:
+            rule = {"prior_role_id": role_ids[prior], "implied_role_id": role_ids[implied]}
+            ensure(INFERENCE, f"{role_ids[prior]}:{role_ids[implied]}", rule)
+    ensure(INFERENCES_STORED, "all", {})
     projects = {}
     for name in ("admin", "demo", "service"):
         project_id = _bootstrap_id("project", name)

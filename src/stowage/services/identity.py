@@ -24,24 +24,67 @@ __all__ = [
 ]
 
 # Keystone's default inference rules (keystone-manage bootstrap): each role implies the next.
+# They are data ("role_inference" documents, services/cloud.py's bootstrap seeds them); a cloud
+# made before they were has no marker document, and these apply until a rule is changed.
 IMPLIED_ROLES: dict[str, tuple[str, ...]] = {
     "admin": ("manager",),
     "manager": ("member",),
     "member": ("reader",),
 }
+INFERENCE = "role_inference"  # id "prior:implied"
+INFERENCES_STORED = "role_inferences_stored"  # id "all": the rules are the documents
+PROHIBITED_IMPLIED = frozenset({"admin"})  # keystone's [assignment] prohibited_implied_role
 
 
-def with_implied(names: Iterable[str]) -> tuple[str, ...]:
-    """Role names with every role they imply, followed to the end (admin implies manager,
-    member and reader), sorted."""
-    out = set(names)
-    pending = list(out)
+def inference_id(prior_id: str, implied_id: str) -> str:
+    return f"{prior_id}:{implied_id}"
+
+
+def _default_rules(roles: Iterable[Document]) -> list[tuple[str, str]]:
+    by_name = {d.name: d.id for d in roles if d.body.get("domain_id") is None}
+    return [
+        (by_name[prior], by_name[implied])
+        for prior, implies in IMPLIED_ROLES.items()
+        for implied in implies
+        if prior in by_name and implied in by_name
+    ]
+
+
+def inference_rules(cloud: Cloud, roles: Iterable[Document] | None = None) -> list[tuple[str, str]]:
+    """(prior role id, implied role id) of every inference rule."""
+    if cloud.objects.find(INFERENCES_STORED, "all") is None:
+        return _default_rules(cloud.objects.list("role") if roles is None else roles)
+    return [
+        (str(d.body["prior_role_id"]), str(d.body["implied_role_id"]))
+        for d in cloud.objects.list(INFERENCE)
+    ]
+
+
+def implied_closure(cloud: Cloud, role_ids: Iterable[str]) -> list[Document]:
+    """The roles of `role_ids` and every role they imply, followed to the end; a
+    domain-specific role is left out (it only carries what it implies, as in Keystone)."""
+    roles = {d.id: d for d in cloud.objects.list("role")}
+    implies: dict[str, list[str]] = {}
+    for prior, implied in inference_rules(cloud, roles.values()):
+        implies.setdefault(prior, []).append(implied)
+    seen: dict[str, None] = {}
+    pending = [r for r in role_ids if r in roles]
     while pending:
-        for implied in IMPLIED_ROLES.get(pending.pop(), ()):
-            if implied not in out:
-                out.add(implied)
-                pending.append(implied)
-    return tuple(sorted(out))
+        role_id = pending.pop(0)
+        if role_id in seen:
+            continue
+        seen[role_id] = None
+        pending += [i for i in implies.get(role_id, ()) if i in roles and i not in seen]
+    return [roles[r] for r in seen if roles[r].body.get("domain_id") is None]
+
+
+def with_implied(cloud: Cloud, names: Iterable[str]) -> tuple[str, ...]:
+    """Global role names with every role they imply, followed to the end, sorted."""
+    by_name = {d.name: d.id for d in cloud.objects.list("role") if d.body.get("domain_id") is None}
+    wanted = list(names)
+    ids = [by_name[n] for n in wanted if n in by_name]
+    out = {d.name or "" for d in implied_closure(cloud, ids)}
+    return tuple(sorted(out | {n for n in wanted if n not in by_name}))
 
 
 # keystone-manage bootstrap makes its roles immutable; ours are the same set.
@@ -63,6 +106,14 @@ USER_OPTIONS = {
 }
 RESOURCE_OPTIONS = {"immutable": bool}
 _NAME_CLAIM = "identity_name"
+# Kinds that name users, groups, projects and roles (services/identity_groups.py keeps the
+# first three, the inherited grants of OS-INHERIT the last): they go with what they name.
+_GROUP = "group"
+_GROUP_MEMBER = "group_member"
+_GROUP_GRANT = "group_assignment"
+_INHERITED = "inherited_assignment"
+_SYSTEM_GROUP_GRANT = "system_group_assignment"  # services/identity_system.py
+_CREDENTIAL = "credential"  # services/identity_credentials.py: a user's or project's goes too
 _CLAIM_STALE_S = 60.0  # a claim whose object never came is free after this long
 _ISSUED = "issued_token"  # audit id -> user and project, until the token expires
 _REVOKED = "revoked_token"  # what api.auth checks on every request
@@ -362,10 +413,35 @@ class IdentityDirectory:
         for role in self.objects.list("role"):
             if role.body.get("domain_id") == doc.id:
                 self._remove_role(role)
+        for group in self.objects.list(_GROUP):
+            if group.body.get("domain_id") == doc.id:
+                self._remove_group_links("group_id", group.id)
+                self._delete_named(_GROUP, group)
         for grant in self.grants():
             if grant.domain_id == doc.id:
                 self.objects.delete("assignment", grant.id)
+        for kind in (_GROUP_GRANT, _INHERITED):
+            for link in self.objects.list(kind):
+                if link.body.get("domain_id") == doc.id:
+                    self.objects.delete(kind, link.id)
         self._delete_named("domain", doc)
+
+    def _remove_group_links(self, field: str, value: str) -> None:
+        """The memberships and group grants (and inherited grants) naming a user, group,
+        project or role that goes: Keystone deletes them with it."""
+        kinds = (_GROUP_MEMBER, _GROUP_GRANT, _INHERITED, _CREDENTIAL, _SYSTEM_GROUP_GRANT)
+        for kind in kinds:
+            for link in self.objects.list(kind):
+                if link.body.get(field) == value or (
+                    field == "project_id" and link.project_id == value
+                ):
+                    self.objects.delete(kind, link.id)
+                    if kind == _GROUP_GRANT and link.project_id:
+                        # Its members' tokens on the project carried the role.
+                        for member in self.objects.list(_GROUP_MEMBER, name=link.body["group_id"]):
+                            self.revoke_tokens(
+                                user_id=str(member.body["user_id"]), project_id=link.project_id
+                            )
 
     # -- projects -----------------------------------------------------------------------
 
@@ -479,6 +555,7 @@ class IdentityDirectory:
     def _remove_project(self, doc: Document) -> None:
         for grant in self.grants(project_id=doc.id):
             self.objects.delete("assignment", grant.id)
+        self._remove_group_links("project_id", doc.id)
         self._delete_named("project", doc)
         self.revoke_tokens(project_id=doc.id)
 
@@ -527,8 +604,7 @@ class IdentityDirectory:
         known = {"name", "domain_id", "enabled", "password", "default_project_id", "description"}
         name = check_name("user", fields.get("name"))
         domain_id = check_id("domain_id", fields.get("domain_id")) or default_domain
-        if self.objects.find("domain", domain_id) is None:
-            raise _invalid("domain_id", f"Could not find domain: {domain_id}.")
+        self.domain(domain_id)  # Keystone's DomainNotFound: a 404
         password = check_password(fields.get("password"))
         user_id = uuid.uuid4().hex
         body: dict[str, Any] = {
@@ -582,12 +658,11 @@ class IdentityDirectory:
         return updated
 
     def change_password(self, user_id: str, original: Any, password: Any) -> None:
-        """The user's own change: the original password must match."""
-        doc = self.user(user_id)
-        if not isinstance(original, str) or not verify_password(
-            original, doc.body.get("password_hash", "")
-        ):
-            raise Unauthorized("The original password is not correct.")
+        """The user's own change: the original password must match, checked as a login is
+        (the same work whether the user exists, failures counted towards a lockout)."""
+        if not isinstance(original, str):
+            raise _invalid("original_password", f"{original!r} is not of type 'string'")
+        doc = self.password_login(self.objects.find("user", user_id), original)
         new = check_password(password)
         if new is None:
             raise _invalid("password", "is required")
@@ -604,6 +679,7 @@ class IdentityDirectory:
         self.objects.delete(_FAILURES, doc.id)
         for grant in self.grants(user_id=doc.id):
             self.objects.delete("assignment", grant.id)
+        self._remove_group_links("user_id", doc.id)
         self.revoke_tokens(user_id=doc.id)
 
     # -- roles --------------------------------------------------------------------------
@@ -657,7 +733,89 @@ class IdentityDirectory:
         for grant in self.grants(role_id=doc.id):
             self.objects.delete("assignment", grant.id)
             self._revoke_for(grant)
+        self._remove_group_links("role_id", doc.id)
+        self._remove_rules_of(doc.id)
         self._delete_named("role", doc)
+
+    # -- implied roles (role inference rules) ------------------------------------------
+
+    def _store_rules(self) -> None:
+        """From the first change on, the rules are their documents, seeded with what applied
+        until then (a cloud made before the rules were data)."""
+        if self.objects.find(INFERENCES_STORED, "all") is not None:
+            return
+        for prior, implied in _default_rules(self.objects.list("role")):
+            with contextlib.suppress(ConflictError):
+                self.objects.create(
+                    INFERENCE,
+                    inference_id(prior, implied),
+                    {"prior_role_id": prior, "implied_role_id": implied},
+                )
+        with contextlib.suppress(ConflictError):
+            self.objects.create(INFERENCES_STORED, "all", {})
+
+    def implied_rule(self, prior_id: str, implied_id: str) -> tuple[Document, Document]:
+        """The two roles of an inference rule, or Keystone's 404 when there is no such rule."""
+        prior, implied = self.role(prior_id), self.role(implied_id)
+        if (prior.id, implied.id) not in inference_rules(self.cloud):
+            raise NotFound(
+                f"{prior_id} does not imply {implied_id}.",
+                code="identity.implied_role.not_found",
+            )
+        return prior, implied
+
+    def implied_by(self, prior_id: str) -> tuple[Document, list[Document]]:
+        """A role and the roles it implies directly."""
+        prior = self.role(prior_id)
+        ids = [i for p, i in inference_rules(self.cloud) if p == prior.id]
+        return prior, self.objects.list("role", ids=set(ids)) if ids else []
+
+    def create_implied_role(self, prior_id: str, implied_id: str) -> tuple[Document, Document]:
+        """PUT /v3/roles/{prior}/implies/{implied}: idempotent, as in Keystone."""
+        prior, implied = self.role(prior_id), self.role(implied_id)
+        if implied.body.get("domain_id") is None and implied.name in PROHIBITED_IMPLIED:
+            raise Forbidden(f"{implied.id} is not permitted to be an implied role.")
+        if prior.body.get("domain_id") is None and implied.body.get("domain_id") is not None:
+            raise Forbidden(
+                f"Global role {prior.id} cannot imply domain-specific role {implied.id}."
+            )
+        if prior.id in {d.id for d in self._closure_all(implied.id)}:
+            raise Forbidden(f"{prior.id} implying {implied.id} would make a cycle of roles.")
+        self._store_rules()
+        with contextlib.suppress(ConflictError):
+            self.objects.create(
+                INFERENCE,
+                inference_id(prior.id, implied.id),
+                {"prior_role_id": prior.id, "implied_role_id": implied.id},
+            )
+        return prior, implied
+
+    def _closure_all(self, role_id: str) -> list[Document]:
+        """The role and all it implies, domain-specific ones included."""
+        implies: dict[str, list[str]] = {}
+        for p, i in inference_rules(self.cloud):
+            implies.setdefault(p, []).append(i)
+        seen: dict[str, None] = {}
+        pending = [role_id]
+        while pending:
+            current = pending.pop()
+            if current not in seen:
+                seen[current] = None
+                pending += implies.get(current, [])
+        return self.objects.list("role", ids=set(seen))
+
+    def delete_implied_role(self, prior_id: str, implied_id: str) -> None:
+        prior, implied = self.implied_rule(prior_id, implied_id)
+        self._store_rules()
+        self.objects.delete(INFERENCE, inference_id(prior.id, implied.id))
+
+    def _remove_rules_of(self, role_id: str) -> None:
+        if not any(role_id in rule for rule in inference_rules(self.cloud)):
+            return
+        self._store_rules()
+        for doc in self.objects.list(INFERENCE):
+            if role_id in (doc.body.get("prior_role_id"), doc.body.get("implied_role_id")):
+                self.objects.delete(INFERENCE, doc.id)
 
     def role_by_name(self, name: str) -> Document | None:
         for doc in self.objects.list("role", name=name):
@@ -765,25 +923,30 @@ class IdentityDirectory:
             self.revoke_tokens(user_id=grant.user_id, project_id=grant.project_id)
 
     def effective(self, grants: Iterable[Grant]) -> Iterator[tuple[Grant, Grant | None]]:
-        """Each grant, then the roles it implies, each paired with the grant it came from."""
+        """Each grant, then the roles it implies (by the inference rules), each paired with the
+        grant it came from; a domain-specific role is left out, what it implies is not."""
         roles = {doc.id: doc for doc in self.objects.list("role")}
-        by_name = {doc.name: doc for doc in roles.values() if doc.body.get("domain_id") is None}
+        implies: dict[str, list[str]] = {}
+        for prior, implied in inference_rules(self.cloud, roles.values()):
+            implies.setdefault(prior, []).append(implied)
         for grant in grants:
-            yield grant, None
             role = roles.get(grant.role_id)
+            if role is None or role.body.get("domain_id") is None:
+                yield grant, None
             seen = {grant.role_id}
-            frontier = [role.name or ""] if role is not None else []
+            frontier = [grant.role_id]
             while frontier:
-                name = frontier.pop(0)
-                for implied_name in IMPLIED_ROLES.get(name, ()):
-                    implied = by_name.get(implied_name)
-                    if implied is None or implied.id in seen:
+                for implied_id in implies.get(frontier.pop(0), ()):
+                    implied_role = roles.get(implied_id)
+                    if implied_role is None or implied_id in seen:
                         continue
-                    seen.add(implied.id)
-                    frontier.append(implied_name)
+                    seen.add(implied_id)
+                    frontier.append(implied_id)
+                    if implied_role.body.get("domain_id") is not None:
+                        continue
                     yield (
                         Grant(
-                            grant.id, grant.user_id, implied.id, grant.project_id, grant.domain_id
+                            grant.id, grant.user_id, implied_id, grant.project_id, grant.domain_id
                         ),
                         grant,
                     )

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stowage.domain.errors import ConflictError, InvalidSpec, NotFound
+from stowage.domain.errors import ConflictError, NotFound
 from stowage.ledger.objects import Document
 from stowage.services.cloud import DEFAULT_DOMAIN, Cloud
 from stowage.services.identity import (
@@ -32,6 +32,7 @@ __all__ = ["GroupDirectory", "GroupGrant", "group_role_ids"]
 
 _MEMBER = "group_member"
 _GRANT = "group_assignment"
+_SYSTEM_GRANT = "system_group_assignment"  # services/identity_system.py
 _FIELDS = {"name", "description", "domain_id"}
 
 
@@ -82,9 +83,6 @@ class GroupDirectory(IdentityDirectory):
         return self.objects.list("group")
 
     def create_group(self, fields: Mapping[str, Any]) -> Document:
-        unknown = sorted(set(fields) - _FIELDS)
-        if unknown:
-            raise InvalidSpec(f"Invalid input for field '{unknown[0]}': not a group's attribute")
         domain_id = str(fields.get("domain_id") or DEFAULT_DOMAIN)
         self.domain(domain_id)
         body = {
@@ -92,6 +90,8 @@ class GroupDirectory(IdentityDirectory):
             "name": check_name("group", fields.get("name")),
             "description": check_text("description", fields.get("description")) or "",
             "domain_id": domain_id,
+            # Keystone's group schema allows other attributes: kept and shown as they came.
+            "extra": {k: v for k, v in fields.items() if k not in _FIELDS | {"id", "links"}},
         }
         return self._create_named("group", body)
 
@@ -104,6 +104,11 @@ class GroupDirectory(IdentityDirectory):
             body["name"] = check_name("group", changes["name"])
         if "description" in changes:
             body["description"] = check_text("description", changes["description"]) or ""
+        extra = dict(body.get("extra", {}))
+        for key, value in changes.items():
+            if key not in _FIELDS | {"id", "links"}:
+                extra[key] = value
+        body["extra"] = extra
         return self._rename("group", doc, body)
 
     def delete_group(self, group_id: str) -> None:
@@ -115,6 +120,10 @@ class GroupDirectory(IdentityDirectory):
             self.objects.delete(_GRANT, grant.id)
         for user_id in members:
             self.objects.delete(_MEMBER, f"{group_id}:{user_id}")
+            if self.objects.list(_SYSTEM_GRANT):
+                self.revoke_tokens(user_id=user_id, project_id="")
+        # Its inherited and system grants go too.
+        self._remove_group_links("group_id", group_id)
         self._delete_named("group", doc)
         for grant in grants:
             self._revoke_members(members, grant)
@@ -152,6 +161,8 @@ class GroupDirectory(IdentityDirectory):
         self.objects.delete(_MEMBER, f"{group_id}:{user_id}")
         for grant in self.group_grants(group_id=group_id):
             self._revoke_members([user_id], grant)
+        if any(d.body["group_id"] == group_id for d in self.objects.list(_SYSTEM_GRANT)):
+            self.revoke_tokens(user_id=user_id, project_id="")  # its system tokens
 
     # -- grants -------------------------------------------------------------------------
 

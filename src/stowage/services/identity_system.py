@@ -9,11 +9,12 @@ import hashlib
 
 from stowage.domain.errors import ConflictError, NotFound
 from stowage.services.cloud import Cloud
-from stowage.services.identity import IdentityDirectory, with_implied
+from stowage.services.identity import IdentityDirectory, implied_closure
 
 __all__ = ["grant_system", "revoke_system", "system_role_ids", "system_roles_of"]
 
 _KIND = "system_assignment"
+GROUP_KIND = "system_group_assignment"
 
 
 def _id(user_id: str, role_id: str) -> str:
@@ -52,11 +53,56 @@ def revoke_system(cloud: Cloud, user_id: str, role_id: str) -> None:
     IdentityDirectory(cloud).revoke_tokens(user_id=user_id, project_id="")
 
 
+def _group_id(group_id: str, role_id: str) -> str:
+    return hashlib.sha256(f"system:all\0group:{group_id}\0{role_id}".encode()).hexdigest()
+
+
+def group_system_role_ids(cloud: Cloud, group_id: str | None = None) -> list[tuple[str, str]]:
+    """(group id, role id) of the groups' system grants, of one group or of all."""
+    return [
+        (d.body["group_id"], d.body["role_id"])
+        for d in cloud.objects.list(GROUP_KIND)
+        if group_id is None or d.body["group_id"] == group_id
+    ]
+
+
+def has_group_system_grant(cloud: Cloud, group_id: str, role_id: str) -> bool:
+    return cloud.objects.find(GROUP_KIND, _group_id(group_id, role_id)) is not None
+
+
+def grant_group_system(cloud: Cloud, group_id: str, role_id: str) -> None:
+    from stowage.services.identity_groups import GroupDirectory
+
+    directory = GroupDirectory(cloud)
+    directory.group(group_id)
+    directory.role(role_id)
+    body = {"group_id": group_id, "role_id": role_id}
+    with contextlib.suppress(ConflictError):
+        cloud.objects.create(GROUP_KIND, _group_id(group_id, role_id), body)
+
+
+def revoke_group_system(cloud: Cloud, group_id: str, role_id: str) -> None:
+    from stowage.services.identity_groups import GroupDirectory
+
+    if not cloud.objects.delete(GROUP_KIND, _group_id(group_id, role_id)):
+        raise NotFound(
+            f"Could not find role assignment with role: {role_id}, user or group: {group_id}, "
+            "project, domain, or system: all.",
+            code="identity.role_assignment.not_found",
+        )
+    directory = GroupDirectory(cloud)
+    for member in directory.member_ids(group_id):  # their system tokens carried the role
+        directory.revoke_tokens(user_id=member, project_id="")
+
+
 def system_roles_of(cloud: Cloud, user_id: str) -> tuple[str, ...]:
-    """The names of the user's system roles and of the roles they imply."""
-    names = []
-    for _user, role_id in system_role_ids(cloud, user_id):
-        role = cloud.objects.find("role", role_id)
-        if role is not None and role.name:
-            names.append(role.name)
-    return with_implied(names)
+    """The names of the user's system roles (its own and its groups') and of the roles they
+    imply."""
+    held = [role_id for _user, role_id in system_role_ids(cloud, user_id)]
+    groups = {
+        d.body["group_id"]
+        for d in cloud.objects.list("group_member")
+        if d.body["user_id"] == user_id
+    }
+    held += [role_id for group, role_id in group_system_role_ids(cloud) if group in groups]
+    return tuple(sorted({role.name or "" for role in implied_closure(cloud, held)}))

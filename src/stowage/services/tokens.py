@@ -80,8 +80,18 @@ class Tokens:
         self, key: bytes, *, ttl_s: float = 3600.0, clock: Callable[[], float] = time.time
     ) -> None:
         self._fernet = Fernet(key)
+        # Stored secrets (credential blobs) are sealed with a key of their own, derived from
+        # the token key, so that a sealed secret is never a token and a token never opens one.
+        derived = hashlib.sha256(b"stowage-credentials\0" + key).digest()
+        self._sealer = Fernet(base64.urlsafe_b64encode(derived))
         self.ttl_s = ttl_s
         self.clock = clock
+
+    def seal(self, secret: str) -> str:
+        return self._sealer.encrypt(secret.encode()).decode()
+
+    def unseal(self, sealed: str) -> str:
+        return self._sealer.decrypt(sealed.encode()).decode()
 
     @staticmethod
     def new_key() -> bytes:

@@ -11,8 +11,11 @@ from stowage.api.common import identity_error, install_common, www_authenticate
 from stowage.api.identity import (
     app_credentials,
     catalog,
+    credentials,
     grants,
     groups,
+    inherit,
+    policy_blobs,
     resources,
     system,
     tokens,
@@ -81,5 +84,8 @@ def create_identity_app(cloud: Cloud) -> FastAPI:
     app.include_router(app_credentials.router)
     app.include_router(groups.router)
     app.include_router(system.router)
+    app.include_router(inherit.router)
+    app.include_router(credentials.router)
+    app.include_router(policy_blobs.router)
     app.include_router(unimplemented.router)
     return app

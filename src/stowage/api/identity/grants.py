@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from stowage.api.common import ApiError
-from stowage.api.identity.policy import Caller, admin, caller, forbid
+from stowage.api.identity.policy import Caller, admin, caller, forbid, reader_of_all
 from stowage.api.identity.views import (
     as_bool,
     base_of,
@@ -22,9 +22,10 @@ from stowage.api.identity.views import (
 from stowage.api.responses import JSONResponse
 from stowage.ledger.objects import Document
 from stowage.services.cloud import DEFAULT_DOMAIN
-from stowage.services.identity import IMPLIED_ROLES, Grant, IdentityDirectory
+from stowage.services.identity import Grant, IdentityDirectory, inference_rules
 from stowage.services.identity_groups import GroupDirectory, GroupGrant
-from stowage.services.identity_system import system_role_ids
+from stowage.services.identity_inherit import InheritedGrants
+from stowage.services.identity_system import system_role_ids, system_roles_of
 
 __all__ = ["router"]
 
@@ -156,24 +157,109 @@ async def list_role_assignments(request: Request) -> JSONResponse:
     grants, group_grants, via = _collect(
         request, directory, groups, user_id, project_id, domain_id, include_subtree, effective
     )
+    base = base_of(request)
+    inherited_rows: list[dict[str, Any]] = []
+    assignment_links: dict[str, str] = {}  # grant id -> its assignment link, when inherited
+    if not params.get("scope.system"):
+        inherited_rows = _inherited(
+            request, directory, base, grants, via, assignment_links, effective, include_subtree
+        )
     if not who.reads_all:
         grants = [g for g in grants if g.user_id == who.ctx.user_id]
         group_grants = []
+        inherited_rows = [
+            r for r in inherited_rows if r.get("user", {}).get("id") == who.ctx.user_id
+        ]
     pairs = directory.effective(grants) if effective else ((g, None) for g in grants)
     if role_id:
         pairs = ((g, prior) for g, prior in pairs if g.role_id == role_id)
         group_grants = [g for g in group_grants if g.role_id == role_id]
     names = _Names(who) if include_names else None
-    base = base_of(request)
-    rows = [_assignment(base, g, prior, names, via) for g, prior in pairs]
+    rows = [_assignment(base, g, prior, names, via, assignment_links) for g, prior in pairs]
     rows += [_group_assignment(base, g, names, groups) for g in group_grants]
-    if params.get("scope.system") or not (project_id or domain_id or params.get("group.id")):
+    if role_id:
+        inherited_rows = [r for r in inherited_rows if r["role"]["id"] == role_id]
+    rows += inherited_rows
+    unscoped = not (project_id or domain_id or params.get("group.id"))
+    if params.get("scope.system") or (unscoped and not params.get("scope.OS-INHERIT:inherited_to")):
         rows += _system_rows(who, base, user_id, role_id, names)
     query = str(request.url.query)
     self_url = f"{base}/role_assignments" + (f"?{query}" if query else "")
     return JSONResponse(
         {"role_assignments": rows, "links": {"self": self_url, "previous": None, "next": None}}
     )
+
+
+def _inherited(
+    request: Request,
+    directory: IdentityDirectory,
+    base: str,
+    grants: list[Grant],
+    via: dict[str, str],
+    assignment_links: dict[str, str],
+    effective: bool,
+    include_subtree: bool,
+) -> list[dict[str, Any]]:
+    """OS-INHERIT's grants: effective, one grant per project inheriting it (and per member of
+    a group), added to `grants`; otherwise the rows of the grants themselves, scoped to their
+    domain or project and marked inherited_to projects."""
+    params = request.query_params
+    user_id, group_id = params.get("user.id"), params.get("group.id")
+    project_id, domain_id = params.get("scope.project.id"), params.get("scope.domain.id")
+    inherited = InheritedGrants(directory.cloud)
+    found = inherited.grants(role_id=None)
+    if group_id:
+        found = [g for g in found if g.actor == "group" and g.actor_id == group_id]
+    if effective:
+        if domain_id:
+            return []  # an inherited grant is not held on its domain, only below it
+        wanted = None
+        if project_id:
+            wanted = {project_id}
+            if include_subtree:
+                wanted |= {p.id for p in directory.subtree(directory.project(project_id))}
+        for grant in found:
+            users = [u for u in inherited.users_of(grant) if not user_id or u == user_id]
+            if not users:
+                continue
+            target = (
+                f"domains/{grant.domain_id}" if grant.domain_id else f"projects/{grant.project_id}"
+            )
+            actor = f"{grant.actor}s/{grant.actor_id}"
+            assignment_links[grant.id] = (
+                f"{base}/OS-INHERIT/{target}/{actor}/roles/{grant.role_id}/inherited_to_projects"
+            )
+            if grant.actor == "group":
+                via[grant.id] = grant.actor_id
+            for project in inherited.projects_of(grant):
+                if wanted is not None and project.id not in wanted:
+                    continue
+                grants += [Grant(grant.id, u, grant.role_id, project.id, None) for u in users]
+        return []
+    if user_id:
+        found = [g for g in found if g.actor == "user" and g.actor_id == user_id]
+    if project_id:
+        found = [g for g in found if g.project_id == project_id]
+    elif domain_id:
+        found = [g for g in found if g.domain_id == domain_id]
+    rows = []
+    for grant in found:
+        kind, target_id = (
+            ("project", grant.project_id) if grant.project_id else ("domain", grant.domain_id)
+        )
+        actor = f"{grant.actor}s/{grant.actor_id}"
+        rows.append(
+            {
+                "role": {"id": grant.role_id},
+                grant.actor: {"id": grant.actor_id},
+                "scope": {kind: {"id": target_id}, "OS-INHERIT:inherited_to": "projects"},
+                "links": {
+                    "assignment": f"{base}/OS-INHERIT/{kind}s/{target_id}/{actor}/roles/"
+                    f"{grant.role_id}/inherited_to_projects"
+                },
+            }
+        )
+    return rows
 
 
 def _system_rows(
@@ -312,17 +398,22 @@ def _assignment(
     prior: Grant | None,
     names: _Names | None,
     via: dict[str, str] | None = None,
+    assignment_links: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     origin = prior or grant
     target, scope = _target(grant, names)
     group_id = (via or {}).get(origin.id)
+    inherited = (assignment_links or {}).get(origin.id)
     if group_id is not None:
         links = {
-            "assignment": f"{base}/{target}/groups/{group_id}/roles/{origin.role_id}",
+            "assignment": inherited or f"{base}/{target}/groups/{group_id}/roles/{origin.role_id}",
             "membership": f"{base}/groups/{group_id}/users/{origin.user_id}",
         }
     else:
-        links = {"assignment": f"{base}/{target}/users/{origin.user_id}/roles/{origin.role_id}"}
+        links = {
+            "assignment": inherited
+            or f"{base}/{target}/users/{origin.user_id}/roles/{origin.role_id}"
+        }
     if prior is not None:
         links["prior_role"] = f"{base}/roles/{prior.role_id}"
     return {
@@ -333,22 +424,75 @@ def _assignment(
     }
 
 
+# -- implied roles (role inference rules) ---------------------------------------------------
+
+
+def _brief(base: str, doc: Document) -> dict[str, Any]:
+    return {"id": doc.id, "name": doc.name, "links": {"self": f"{base}/roles/{doc.id}"}}
+
+
+def _inference(request: Request, prior: Document, implied: Document) -> dict[str, Any]:
+    base = base_of(request)
+    return {
+        "role_inference": {"prior_role": _brief(base, prior), "implies": _brief(base, implied)},
+        "links": {"self": f"{base}/roles/{prior.id}/implies/{implied.id}"},
+    }
+
+
+@router.put("/v3/roles/{prior_id}/implies/{implied_id}")
+async def create_implied_role(request: Request, prior_id: str, implied_id: str) -> JSONResponse:
+    who = admin(request, "create_implied_role")
+    prior, implied = who.directory.create_implied_role(prior_id, implied_id)
+    return JSONResponse(_inference(request, prior, implied), status_code=201)
+
+
+@router.get("/v3/roles/{prior_id}/implies/{implied_id}")
+async def show_implied_role(request: Request, prior_id: str, implied_id: str) -> JSONResponse:
+    who = reader_of_all(request, "get_implied_role")
+    prior, implied = who.directory.implied_rule(prior_id, implied_id)
+    return JSONResponse(_inference(request, prior, implied))
+
+
+@router.head("/v3/roles/{prior_id}/implies/{implied_id}")
+async def check_implied_role(request: Request, prior_id: str, implied_id: str) -> Response:
+    reader_of_all(request, "check_implied_role").directory.implied_rule(prior_id, implied_id)
+    return Response(status_code=204)
+
+
+@router.delete("/v3/roles/{prior_id}/implies/{implied_id}")
+async def delete_implied_role(request: Request, prior_id: str, implied_id: str) -> Response:
+    admin(request, "delete_implied_role").directory.delete_implied_role(prior_id, implied_id)
+    return Response(status_code=204)
+
+
+@router.get("/v3/roles/{prior_id}/implies")
+async def list_implied_roles(request: Request, prior_id: str) -> JSONResponse:
+    who = reader_of_all(request, "list_implied_roles")
+    prior, implied = who.directory.implied_by(prior_id)
+    base = base_of(request)
+    return JSONResponse(
+        {
+            "role_inference": {
+                "prior_role": _brief(base, prior),
+                "implies": [_brief(base, d) for d in implied],
+            },
+            "links": {"self": f"{base}/roles/{prior.id}/implies"},
+        }
+    )
+
+
 @router.get("/v3/role_inferences")
 async def list_role_inferences(request: Request) -> JSONResponse:
-    who = caller(request)
+    who = reader_of_all(request, "list_role_inference_rules")
     base = base_of(request)
-    by_name = {r.name: r for r in who.directory.roles() if r.body.get("domain_id") is None}
-
-    def brief(doc: Document) -> dict[str, Any]:
-        return {"id": doc.id, "name": doc.name, "links": {"self": f"{base}/roles/{doc.id}"}}
-
+    roles = {r.id: r for r in who.directory.roles()}
+    implies: dict[str, list[Document]] = {}
+    for prior, implied in inference_rules(who.directory.cloud, roles.values()):
+        if prior in roles and implied in roles:
+            implies.setdefault(prior, []).append(roles[implied])
     rows = [
-        {
-            "prior_role": brief(by_name[prior]),
-            "implies": [brief(by_name[i]) for i in implied if i in by_name],
-        }
-        for prior, implied in IMPLIED_ROLES.items()
-        if prior in by_name
+        {"prior_role": _brief(base, roles[prior]), "implies": [_brief(base, d) for d in docs]}
+        for prior, docs in implies.items()
     ]
     return JSONResponse({"role_inferences": rows, "links": {"self": f"{base}/role_inferences"}})
 
@@ -397,6 +541,6 @@ async def list_auth_domains(request: Request) -> JSONResponse:
 @router.get("/v3/auth/system")
 async def list_auth_system(request: Request) -> JSONResponse:
     who = caller(request)
-    held = system_role_ids(who.directory.cloud, who.ctx.user_id)
+    held = system_roles_of(who.directory.cloud, who.ctx.user_id)  # its own and its groups'
     system = [{"all": True}] if held else []
     return JSONResponse({"system": system, "links": {"self": f"{base_of(request)}/auth/system"}})

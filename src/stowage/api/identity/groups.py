@@ -36,6 +36,7 @@ def _directory(request: Request) -> GroupDirectory:
 
 def group_view(base: str, doc: Document) -> dict[str, Any]:
     return {
+        **doc.body.get("extra", {}),
         "id": doc.id,
         "name": doc.body.get("name", doc.name),
         "description": doc.body.get("description") or "",

@@ -7,10 +7,11 @@ from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import ApiError
-from stowage.api.identity.policy import admin, caller, forbid
+from stowage.api.identity.policy import admin, caller, forbid, reader_of_all
 from stowage.api.identity.views import base_of, collection, role_view
 from stowage.api.responses import JSONResponse
 from stowage.services import identity_system as svc
+from stowage.services.identity_groups import GroupDirectory
 
 __all__ = ["router"]
 
@@ -61,3 +62,47 @@ async def list_grants(request: Request, user_id: str) -> JSONResponse:
         request, "roles", docs, lambda r: role_view(base, r), path=f"system/users/{user_id}/roles"
     )
     return JSONResponse(page)
+
+
+# -- groups' grants on the system ---------------------------------------------------------
+
+_GROUP_GRANT = "/v3/system/groups/{group_id}/roles/{role_id}"
+
+
+@router.put(_GROUP_GRANT)
+async def grant_group(request: Request, group_id: str, role_id: str) -> Response:
+    admin(request, "create_system_grant_for_group")
+    svc.grant_group_system(cloud_of(request), group_id, role_id)
+    return Response(status_code=204)
+
+
+@router.api_route(_GROUP_GRANT, methods=["GET", "HEAD"])
+async def check_group(request: Request, group_id: str, role_id: str) -> Response:
+    who = reader_of_all(request, "check_system_grant_for_group")
+    GroupDirectory(who.directory.cloud).group(group_id)
+    who.directory.role(role_id)
+    if not svc.has_group_system_grant(cloud_of(request), group_id, role_id):
+        raise ApiError(
+            404,
+            f"Could not find role assignment with role: {role_id}, user or group: {group_id}, "
+            "project, domain, or system: all.",
+        )
+    return Response(status_code=204)
+
+
+@router.delete(_GROUP_GRANT)
+async def revoke_group(request: Request, group_id: str, role_id: str) -> Response:
+    admin(request, "revoke_system_grant_for_group")
+    svc.revoke_group_system(cloud_of(request), group_id, role_id)
+    return Response(status_code=204)
+
+
+@router.get("/v3/system/groups/{group_id}/roles")
+async def list_group_grants(request: Request, group_id: str) -> JSONResponse:
+    who = reader_of_all(request, "list_system_grants_for_group")
+    GroupDirectory(who.directory.cloud).group(group_id)
+    role_ids = {r for _g, r in svc.group_system_role_ids(cloud_of(request), group_id)}
+    docs = [r for r in who.directory.roles() if r.id in role_ids]
+    base = base_of(request)
+    path = f"system/groups/{group_id}/roles"
+    return JSONResponse(collection(request, "roles", docs, lambda r: role_view(base, r), path=path))

@@ -271,7 +271,14 @@ def _subject(request: Request, action: str) -> Context:
     token's own user."""
     cloud = cloud_of(request)
     caller = require_context(request)
-    subject = context_from_token(cloud, request.headers.get("x-subject-token", ""))
+    try:
+        subject = context_from_token(cloud, request.headers.get("x-subject-token", ""))
+    except ApiError as exc:
+        # The caller authenticated; the token it asks about is not valid: Keystone's
+        # TokenNotFound (404), whether forged, expired or revoked.
+        if exc.status != 401:
+            raise
+        raise ApiError(404, f"Could not find token: {exc.message}") from None
     if not (caller.roles & {"admin", "service"} or caller.user_id == subject.user_id):
         raise ApiError(403, f"You are not authorized to perform the requested action: {action}.")
     return subject

@@ -1,7 +1,7 @@
 """Keystone core APIs this identity service does not offer, refused with Keystone's 501.
 
 Keystone answers 404 for the routes of an extension it does not load (OS-EP-FILTER, OS-TRUST,
-OS-OAUTH1, OS-INHERIT, OS-FEDERATION, OS-REVOKE, OS-SIMPLE-CERT): those fall through to the
+OS-OAUTH1, OS-FEDERATION, OS-REVOKE, OS-SIMPLE-CERT): those fall through to the
 404 every unknown route gets. The routes below are core API: a request for one is understood
 and not carried out, so it is a 501, never a 404 that reads as "no such thing" nor an answer
 that pretends.
@@ -27,21 +27,11 @@ _PATHS = (
     "/v3/limits/{limit_id}",
     "/v3/registered_limits",
     "/v3/registered_limits/{limit_id}",
-    "/v3/credentials",
-    "/v3/credentials/{credential_id}",
-    "/v3/users/{user_id}/credentials/OS-EC2",
-    "/v3/users/{user_id}/credentials/OS-EC2/{credential_id}",
-    "/v3/policies",
-    "/v3/policies/{policy_id}",
     "/v3/domains/{domain_id}/config",
     "/v3/domains/{domain_id}/config/{group}",
     "/v3/domains/{domain_id}/config/{group}/{option}",
     "/v3/domains/config/default",
     "/v3/domains/config/{group}/default",
-    "/v3/system/groups/{group_id}/roles",
-    "/v3/system/groups/{group_id}/roles/{role_id}",
-    "/v3/roles/{prior_role_id}/implies",
-    "/v3/roles/{prior_role_id}/implies/{implied_role_id}",
 )
 
 
