@@ -90,20 +90,25 @@ class RunningCloud:
     def token(
         self, user: str = "admin", password: str = "stowage-admin", project: str = "admin"
     ) -> str:
-        body = {
-            "auth": {
-                "identity": {
-                    "methods": ["password"],
-                    "password": {
-                        "user": {"name": user, "domain": {"name": "Default"}, "password": password}
-                    },
-                },
-                "scope": {"project": {"name": project, "domain": {"name": "Default"}}},
-            }
-        }
+        body = password_auth(user, password, project)
         response = httpx.post(f"{self.base_url}/identity/v3/auth/tokens", json=body)
         response.raise_for_status()
         return response.headers["x-subject-token"]
+
+
+def password_auth(user: str, password: str, project: str) -> dict[str, Any]:
+    """The body of a password login scoped to a project, all in the Default domain."""
+    return {
+        "auth": {
+            "identity": {
+                "methods": ["password"],
+                "password": {
+                    "user": {"name": user, "domain": {"name": "Default"}, "password": password}
+                },
+            },
+            "scope": {"project": {"name": project, "domain": {"name": "Default"}}},
+        }
+    }
 
 
 IMAGE = "cirros-0.6.2-x86_64-disk"

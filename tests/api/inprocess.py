@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import uvicorn
-from tests.api.cloudproc import free_port
+from tests.api.cloudproc import free_port, password_auth
 
 from stowage.ledger import Ledger
 from stowage.services.cloud import Cloud, CloudConfig, bootstrap
@@ -27,21 +27,8 @@ class InProcessCloud:
 
     def token(self) -> str:
         if self._token is None:
-            password = self.cloud.config.admin_password
-            auth = {
-                "identity": {
-                    "methods": ["password"],
-                    "password": {
-                        "user": {
-                            "name": "admin",
-                            "domain": {"name": "Default"},
-                            "password": password,
-                        }
-                    },
-                },
-                "scope": {"project": {"name": "admin", "domain": {"name": "Default"}}},
-            }
-            issued = httpx.post(f"{self.base_url}/identity/v3/auth/tokens", json={"auth": auth})
+            body = password_auth("admin", self.cloud.config.admin_password, "admin")
+            issued = httpx.post(f"{self.base_url}/identity/v3/auth/tokens", json=body)
             issued.raise_for_status()
             self._token = issued.headers["x-subject-token"]
         return self._token

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from starlette.routing import Mount
-from tests.api.cloudproc import start_cloud, stop_cloud
+from tests.api.cloudproc import password_auth, start_cloud, stop_cloud
 
 from stowage.api.app import create_app
 from stowage.api.common import api_routes
@@ -125,16 +125,8 @@ def test_image_data_is_written_and_committed_off_the_loop(
 async def _upload_and_read_back(app: object, password: str) -> None:
     transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
     async with httpx.AsyncClient(transport=transport, base_url="http://stowage") as client:
-        auth = {
-            "identity": {
-                "methods": ["password"],
-                "password": {
-                    "user": {"name": "admin", "domain": {"name": "Default"}, "password": password}
-                },
-            },
-            "scope": {"project": {"name": "admin", "domain": {"name": "Default"}}},
-        }
-        issued = await client.post("/identity/v3/auth/tokens", json={"auth": auth})
+        body = password_auth("admin", password, "admin")
+        issued = await client.post("/identity/v3/auth/tokens", json=body)
         headers = {"X-Auth-Token": issued.headers["x-subject-token"]}
         created = await client.post(
             "/image/v2/images",

@@ -6,7 +6,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import ApiError
 from stowage.api.identity.policy import admin, caller, forbid, reader_of_all
 from stowage.api.identity.views import base_of, collection, role_view
 from stowage.api.responses import JSONResponse
@@ -34,11 +33,7 @@ async def check(request: Request, user_id: str, role_id: str) -> Response:
     who.directory.user(user_id)
     who.directory.role(role_id)
     if not svc.has_system_grant(cloud_of(request), user_id, role_id):
-        raise ApiError(
-            404,
-            f"Could not find role assignment with role: {role_id}, user or group: {user_id}, "
-            "project, domain, or system: all.",
-        )
+        raise svc.missing_grant(user_id, role_id)
     return Response(status_code=204)
 
 
@@ -82,11 +77,7 @@ async def check_group(request: Request, group_id: str, role_id: str) -> Response
     GroupDirectory(who.directory.cloud).group(group_id)
     who.directory.role(role_id)
     if not svc.has_group_system_grant(cloud_of(request), group_id, role_id):
-        raise ApiError(
-            404,
-            f"Could not find role assignment with role: {role_id}, user or group: {group_id}, "
-            "project, domain, or system: all.",
-        )
+        raise svc.missing_grant(group_id, role_id)
     return Response(status_code=204)
 
 
