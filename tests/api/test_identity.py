@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from tests.api.cloudproc import BIN, RunningCloud
+from tests.api.cloudproc import BIN, RunningCloud, password_auth
 
 from stowage.domain.errors import ConflictError
 from stowage.services.cloud import CloudConfig
@@ -55,17 +55,7 @@ class Admin:
 
 
 def login(cloud: RunningCloud, user: str, password: str, project: str) -> str:
-    body = {
-        "auth": {
-            "identity": {
-                "methods": ["password"],
-                "password": {
-                    "user": {"name": user, "domain": {"name": "Default"}, "password": password}
-                },
-            },
-            "scope": {"project": {"name": project, "domain": {"name": "Default"}}},
-        }
-    }
+    body = password_auth(user, password, project)
     response = httpx.post(f"{cloud.base_url}/identity/v3/auth/tokens", json=body)
     assert response.status_code == 201, response.text
     return response.headers["x-subject-token"]

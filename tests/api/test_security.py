@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import yaml
-from tests.api.cloudproc import BIN, IMAGE, RunningCloud, start_cloud, stop_cloud
+from tests.api.cloudproc import BIN, IMAGE, RunningCloud, password_auth, start_cloud, stop_cloud
 
 
 def unique(prefix: str) -> str:
@@ -117,17 +117,7 @@ def test_a_reader_cannot_clear_a_servers_password(cloud: RunningCloud) -> None:
 
 
 def _login(cloud: RunningCloud, user: str, password: str, project: str = "demo") -> httpx.Response:
-    body = {
-        "auth": {
-            "identity": {
-                "methods": ["password"],
-                "password": {
-                    "user": {"name": user, "domain": {"name": "Default"}, "password": password}
-                },
-            },
-            "scope": {"project": {"name": project, "domain": {"name": "Default"}}},
-        }
-    }
+    body = password_auth(user, password, project)
     return httpx.post(f"{cloud.base_url}/identity/v3/auth/tokens", json=body, timeout=30)
 
 
