@@ -23,7 +23,7 @@ from stowage.api.common import ApiError, Context, json_body
 from stowage.api.responses import JSONResponse
 from stowage.services import networks as svc
 from stowage.services.cloud import Cloud
-from stowage.services.networks import l3
+from stowage.services.networks import availability, l3
 
 __all__ = ["NeutronRoute", "router"]
 
@@ -539,6 +539,31 @@ async def remove_router_interface(id: str, request: Request, ctx: Writer) -> JSO
     return JSONResponse(l3.remove_router_interface(cloud_of(request), ctx, id, body))
 
 
+# -- IP availability ------------------------------------------------------------------------
+
+
+@router.get("/network-ip-availabilities")
+async def list_ip_availabilities(request: Request, ctx: Reader) -> JSONResponse:
+    items = list(request.query_params.multi_items())
+    filters: dict[str, list[str]] = {}
+    for key, value in items:
+        if key in _PAGING:
+            continue
+        if key not in availability.FILTERS:
+            raise _bad(f"[{key}] is invalid attribute for filtering")
+        filters.setdefault(key, []).append(value)
+    rows = availability.list_ip_availabilities(cloud_of(request), ctx, filters)
+    fields = [v for k, v in items if k == "fields"]
+    return JSONResponse({"network_ip_availabilities": [_trimmed(r, fields) for r in rows]})
+
+
+@router.get("/network-ip-availabilities/{id}")
+async def show_ip_availability(id: str, request: Request, ctx: Reader) -> JSONResponse:
+    row = availability.get_ip_availability(cloud_of(request), ctx, id)
+    fields = [v for k, v in request.query_params.multi_items() if k == "fields"]
+    return JSONResponse({"network_ip_availability": _trimmed(row, fields)})
+
+
 # -- tags -------------------------------------------------------------------------------------
 
 _TAGGED = {
@@ -640,6 +665,10 @@ EXTENSIONS: dict[str, tuple[str, str]] = {
     "filter-validation": (
         "Filter parameters validation",
         "Provides validation on filtering parameters.",
+    ),
+    "network-ip-availability": (
+        "Network IP Availability",
+        "Provides IP availability data for each network and subnet.",
     ),
     "net-mtu": ("Network MTU", "Provides MTU attribute for a network resource."),
     "network_availability_zone": (
