@@ -125,3 +125,56 @@ def test_an_admin_changes_an_unbound_ports_mac_and_a_member_may_not(
     busy = admin.put(f"/ports/{other['id']}", {"port": {"mac_address": "fa:16:3e:aa:bb:cd"}})
     assert busy.status_code == 409
     assert error(busy)["type"] == "PortBound"
+
+
+def test_auto_allocated_topology_per_persona(cloud: RunningCloud, team: Personas) -> None:
+    project = team.project["id"]
+    checked = _ok(
+        team.osc("member", "network", "auto", "allocated", "topology", "create",
+                 "--check-resources", "-f", "json")
+    )  # fmt: skip
+    assert checked is not None
+    reader = Neutron(cloud, team.token("reader"))
+    dry = reader.get(f"/auto-allocated-topology/{project}", params={"fields": "dry-run"})
+    assert dry.json()["auto_allocated_topology"]["id"] == "dry-run=pass"
+    assert reader.get(f"/auto-allocated-topology/{project}").status_code == 403
+    made = _ok(
+        team.osc("member", "network", "auto", "allocated", "topology", "create", "-f", "json")
+    )
+    member = Neutron(cloud, team.token("member"))
+    net = member.get(f"/networks/{made['id']}").json()["network"]
+    assert (net["name"], net["project_id"]) == ("auto_allocated_network", project)
+    subnet = member.get(f"/subnets/{net['subnets'][0]}").json()["subnet"]
+    assert subnet["cidr"] == "10.128.0.0/24"
+    routers = member.get("/routers", params={"name": "auto_allocated_router"}).json()["routers"]
+    assert len(routers) == 1
+    assert (
+        routers[0]["external_gateway_info"]["network_id"]
+        == cloud.osc_json("network", "show", "public")["id"]
+    )
+    # The same one again (a reader may now see it), another project's member may not ask.
+    again = member.get(f"/auto-allocated-topology/{project}").json()["auto_allocated_topology"]
+    assert again["id"] == made["id"]
+    assert again["tenant_id"] == project
+    shown = reader.get(f"/auto-allocated-topology/{project}")
+    assert shown.json()["auto_allocated_topology"]["id"] == made["id"]
+    other = Neutron(cloud, cloud.token("demo", "stowage-demo", "demo"))
+    assert other.get(f"/auto-allocated-topology/{project}").status_code == 403
+    assert other.delete(f"/auto-allocated-topology/{project}").status_code == 403
+    assert reader.delete(f"/auto-allocated-topology/{project}").status_code == 403
+    # A port in use keeps it; deleted, it is all gone, and a second delete is a 404.
+    port = member.create("ports", "port", network_id=made["id"], device_owner="compute:nova")
+    busy = member.delete(f"/auto-allocated-topology/{project}")
+    assert busy.status_code == 409
+    assert member.delete(f"/ports/{port['id']}").status_code == 204
+    _ok(team.osc("member", "network", "auto", "allocated", "topology", "delete"))
+    assert member.get(f"/networks/{made['id']}").status_code == 404
+    assert member.get(f"/routers/{routers[0]['id']}").status_code == 404
+    assert member.delete(f"/auto-allocated-topology/{project}").status_code == 404
+    # An admin makes (and removes) one for a project.
+    admin = Neutron(cloud, cloud.token())
+    by_admin = admin.get(f"/auto-allocated-topology/{project}").json()["auto_allocated_topology"]
+    assert member.get(f"/networks/{by_admin['id']}").status_code == 200
+    assert admin.delete(f"/auto-allocated-topology/{project}").status_code == 204
+    aliases = {e["Alias"] for e in cloud.osc_json("extension", "list", "--network")}
+    assert "auto-allocated-topology" in aliases

@@ -14,6 +14,7 @@ from stowage.api.common import ApiError, Context
 from stowage.domain.errors import NotFound, StowageError
 from stowage.services import networks as net
 from stowage.services.cloud import Cloud
+from stowage.services.networks import auto_allocate
 
 __all__ = [
     "CREATE_FIELDS",
@@ -325,11 +326,16 @@ def _auto_network(cloud: Cloud, ctx: Context) -> Any:
             409, "Multiple possible networks found, use a Network ID to be more specific."
         )
     if not available:
-        raise ApiError(
-            400,
-            f"Unable to automatically allocate a network for project {ctx.project_id}: it has "
-            "no network and this cloud has no auto-allocated topology",
-        )
+        # Nova's _auto_allocate_network: Neutron's auto-allocated topology of the project.
+        try:
+            topology = auto_allocate.get_auto_allocated_topology(cloud, ctx, ctx.project_id)
+        except StowageError as exc:
+            raise ApiError(
+                400,
+                f"Unable to automatically allocate a network for project {ctx.project_id}: "
+                f"{exc.message}",
+            ) from None
+        return [{"uuid": topology["id"]}]
     return [{"uuid": available[0]["id"]}]
 
 

@@ -23,7 +23,7 @@ from stowage.api.common import ApiError, Context, json_body
 from stowage.api.responses import JSONResponse
 from stowage.services import networks as svc
 from stowage.services.cloud import Cloud
-from stowage.services.networks import availability, l3
+from stowage.services.networks import auto_allocate, availability, l3
 
 __all__ = ["NeutronRoute", "router"]
 
@@ -564,6 +564,33 @@ async def show_ip_availability(id: str, request: Request, ctx: Reader) -> JSONRe
     return JSONResponse({"network_ip_availability": _trimmed(row, fields)})
 
 
+# -- auto-allocated topology ---------------------------------------------------------------
+
+
+@router.get("/auto-allocated-topology/{project_id}")
+async def get_auto_allocated_topology(
+    project_id: str, request: Request, ctx: Reader
+) -> JSONResponse:
+    fields = [v for k, v in request.query_params.multi_items() if k == "fields"]
+    row = auto_allocate.get_auto_allocated_topology(
+        cloud_of(request),
+        ctx,
+        project_id,
+        dry_run="dry-run" in fields,
+        writer=ctx.can_write,
+    )
+    shown = [f for f in fields if f != "dry-run"]
+    return JSONResponse({"auto_allocated_topology": _trimmed(row, shown)})
+
+
+@router.delete("/auto-allocated-topology/{project_id}")
+async def delete_auto_allocated_topology(
+    project_id: str, request: Request, ctx: Writer
+) -> Response:
+    auto_allocate.delete_auto_allocated_topology(cloud_of(request), ctx, project_id)
+    return Response(status_code=204)
+
+
 # -- tags -------------------------------------------------------------------------------------
 
 _TAGGED = {
@@ -645,6 +672,10 @@ for _collection in _TAGGED:
 # alias: (name, description), as Neutron spells them (neutron_lib/api/definitions/).
 EXTENSIONS: dict[str, tuple[str, str]] = {
     "allowed-address-pairs": ("Allowed Address Pairs", "Provides allowed address pairs"),
+    "auto-allocated-topology": (
+        "Auto Allocated Topology Services",
+        "Auto Allocated Topology Services.",
+    ),
     "availability_zone": ("Availability Zone", "The availability zone extension."),
     "binding": ("Port Binding", "Expose port bindings of a virtual port to external application"),
     "external-net": (
