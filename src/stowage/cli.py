@@ -214,6 +214,23 @@ ApiWait = Annotated[
         "answer as soon as the request is committed; clients poll).",
     ),
 ]
+
+
+def _quota_driver(value: str) -> str:
+    if value not in ("legacy", "unified-limits"):
+        raise typer.BadParameter("legacy or unified-limits")
+    return value
+
+
+QuotaDriver = Annotated[
+    str,
+    typer.Option(
+        "--quota-driver",
+        callback=_quota_driver,
+        help="Where compute quotas come from: legacy (os-quota-sets) or unified-limits "
+        "(Keystone's registered and project limits, as Nova's UnifiedLimitsDriver).",
+    ),
+]
 MaxPerRequest = Annotated[
     int,
     typer.Option("--max-instances-per-request", min=1, help="A create's max_count is cut to this."),
@@ -257,6 +274,7 @@ def up(
     ] = 2,
     api_wait_seconds: ApiWait = 0.0,
     max_instances_per_request: MaxPerRequest = 1000,
+    quota_driver: QuotaDriver = "legacy",
     lockout_failure_attempts: LockoutAttempts = 0,
     lockout_duration: LockoutDuration = 1800.0,
     max_request_body_size: MaxBody = 114688,
@@ -344,6 +362,7 @@ def up(
         max_concurrent_disk_ops=max_concurrent_disk_ops,
         api_wait_s=api_wait_seconds,
         max_instances_per_request=max_instances_per_request,
+        quota_driver=quota_driver,
         lockout_failure_attempts=lockout_failure_attempts,
         lockout_duration_s=lockout_duration,
         max_request_body_size=max_request_body_size,
@@ -489,6 +508,7 @@ def api_process(
     workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
     api_wait_seconds: ApiWait = 0.0,
     max_instances_per_request: MaxPerRequest = 1000,
+    quota_driver: QuotaDriver = "legacy",
     lockout_failure_attempts: LockoutAttempts = 0,
     lockout_duration: LockoutDuration = 1800.0,
     max_request_body_size: MaxBody = 114688,
@@ -522,6 +542,7 @@ def api_process(
     os.environ["STOWAGE_API_BASE"] = f"{host}:{port}"
     os.environ["STOWAGE_API_WAIT"] = str(api_wait_seconds)
     os.environ["STOWAGE_API_MAX_PER_REQUEST"] = str(max_instances_per_request)
+    os.environ["STOWAGE_API_QUOTA_DRIVER"] = quota_driver
     console.print(f"Stowage APIs at http://{host}:{port} ({workers} worker(s)).")
     uvicorn.run(
         "stowage.wiring:production_app",

@@ -86,6 +86,7 @@ def production_app() -> ASGIApp:
         port=int(port),
         api_wait_s=float(os.environ.get("STOWAGE_API_WAIT", "0")),
         max_instances_per_request=int(os.environ.get("STOWAGE_API_MAX_PER_REQUEST", "1000")),
+        quota_driver=os.environ.get("STOWAGE_API_QUOTA_DRIVER", "legacy"),
         lockout_failure_attempts=int(os.environ.get("STOWAGE_API_LOCKOUT_ATTEMPTS", "0")),
         lockout_duration_s=float(os.environ.get("STOWAGE_API_LOCKOUT_DURATION", "1800")),
         max_request_body_size=int(os.environ.get("STOWAGE_API_MAX_BODY", DEFAULT_MAX_BODY)),

@@ -8,11 +8,7 @@ import httpx
 import pytest
 from tests.api.cloudproc import RunningCloud
 
-_KEYSTONE_CORE = (
-    "/limits",
-    "/registered_limits",
-    "/domains/default/config",
-)
+_KEYSTONE_CORE = ("/domains/default/config",)
 _KEYSTONE_EXTENSIONS = ("/OS-EP-FILTER/endpoint_groups", "/OS-TRUST/trusts")
 _NEUTRON_MISSING = {
     "trunk": "/trunks",

@@ -86,6 +86,10 @@ class CloudConfig:
     # Nova's reclaim_instance_interval: a delete soft-deletes for this long (0: immediate).
     reclaim_instance_interval_s: float = 0.0
     volume_pool_gb: int = 1000
+    # Where compute quotas take their limits: "legacy" (os-quota-sets, Nova's DbQuotaDriver)
+    # or "unified-limits" (Keystone's registered and project limits, Nova's
+    # UnifiedLimitsDriver): services/identity_limits.py.
+    quota_driver: str = "legacy"
 
     @property
     def base_url(self) -> str:

@@ -33,6 +33,7 @@ from stowage.ledger.schema import (
     objects,
     server_groups,
 )
+from stowage.services import identity_limits
 from stowage.services.cloud import Cloud
 
 __all__ = [
@@ -527,7 +528,13 @@ def count_groups(cloud: Cloud, project_id: str) -> int:
 
 
 def default_quotas(cloud: Cloud) -> dict[str, int]:
-    """Nova's defaults with the "default" quota class's overrides (os-quota-class-sets)."""
+    """Nova's defaults with the "default" quota class's overrides (os-quota-class-sets); with
+    the unified limits driver, the registered limits (services/identity_limits.py)."""
+    if identity_limits.uses_unified_limits(cloud):
+        with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
+            return identity_limits.compute_limits_in(
+                conn, cloud.config.region, None, DEFAULT_QUOTAS
+            )
     limits = dict(DEFAULT_QUOTAS)
     doc = cloud.objects.find("quota_class", "default")
     if doc is not None:
@@ -542,7 +549,13 @@ def quota_key(project_id: str, user_id: str | None = None) -> str:
 
 def quota_limits(cloud: Cloud, project_id: str, user_id: str | None = None) -> dict[str, int]:
     """The project's limits: the defaults with its overrides (documents of kind "quota"), then
-    a user's own overrides when `user_id` is given."""
+    a user's own overrides when `user_id` is given. With the unified limits driver: the
+    project's unified limits, else the registered defaults (per-user limits do not exist)."""
+    if identity_limits.uses_unified_limits(cloud):
+        with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
+            return identity_limits.compute_limits_in(
+                conn, cloud.config.region, project_id, DEFAULT_QUOTAS
+            )
     limits = default_quotas(cloud)
     keys = [quota_key(project_id)] + ([quota_key(project_id, user_id)] if user_id else [])
     for key in keys:

@@ -26,7 +26,7 @@ def create_keypair(cloud: Cloud, doc_id: str, project_id: str, body: Mapping[str
     try:
         with cloud.ledger.engine.begin() as conn:
             lock_key(conn, f"stowage-keypairs:{user_id}")
-            limit = quota_limits_in(conn, project_id)["key_pairs"]
+            limit = quota_limits_in(cloud, conn, project_id)["key_pairs"]
             owned = sum(
                 1
                 for raw in conn.execute(

@@ -20,6 +20,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from stowage.domain.errors import InvalidSpec, QuotaExceeded
 from stowage.ledger.schema import objects, server_groups
+from stowage.services import identity_limits
 from stowage.services.cloud import Cloud
 from stowage.services.compute_catalog import DEFAULT_QUOTAS, quota_key
 from stowage.services.documents import lock_key
@@ -49,10 +50,16 @@ def lock_project(conn: Connection, project_id: str) -> None:
 
 
 def quota_limits_in(
-    conn: Connection, project_id: str, user_id: str | None = None
+    cloud: Cloud, conn: Connection, project_id: str, user_id: str | None = None
 ) -> dict[str, int]:
     """The project's limits (defaults, class, project and user overrides: as
-    compute_catalog.quota_limits), read inside `conn`'s transaction: no second connection."""
+    compute_catalog.quota_limits), read inside `conn`'s transaction: no second connection.
+    With the unified limits driver, only where the numbers come from changes: Keystone's
+    project limit, else its registered default (services/identity_limits.py)."""
+    if identity_limits.uses_unified_limits(cloud):
+        return identity_limits.compute_limits_in(
+            conn, cloud.config.region, project_id, DEFAULT_QUOTAS
+        )
     limits = dict(DEFAULT_QUOTAS)
     keys = [("quota_class", "default"), ("quota", quota_key(project_id))]
     if user_id:
@@ -115,7 +122,7 @@ def reserve_instances(
     caller creates that many instance documents in `conn` before it commits.
     """
     lock_project(conn, project_id)
-    limits = quota_limits_in(conn, project_id, user_id)
+    limits = quota_limits_in(cloud, conn, project_id, user_id)
     limited = any(limits.get(r, -1) >= 0 for r in ("instances", "cores", "ram"))
     members_limited = group_id is not None and limits.get("server_group_members", -1) >= 0
     if limited or members_limited:
@@ -168,7 +175,7 @@ def reserve_instances(
 def reserve_server_group(cloud: Cloud, conn: Connection, project_id: str) -> None:
     """Refuse a new server group past the project's `server_groups` quota (inside `conn`)."""
     lock_project(conn, project_id)
-    limit = quota_limits_in(conn, project_id).get("server_groups", -1)
+    limit = quota_limits_in(cloud, conn, project_id).get("server_groups", -1)
     if limit < 0:
         return
     used = int(

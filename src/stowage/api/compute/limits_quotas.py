@@ -1,4 +1,5 @@
-"""Compute v2.1: absolute limits and quota sets (overrides stored as documents of kind "quota")."""
+"""Compute v2.1: absolute limits and quota sets (overrides stored as documents of kind "quota";
+with the unified limits driver, Keystone's limits are shown and the updates change nothing)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from stowage.api.compute.microversion import mv
 from stowage.api.responses import JSONResponse
 from stowage.domain.errors import InvalidSpec
 from stowage.services import compute_catalog as catalog
+from stowage.services import identity_limits
 from stowage.services import quotas as quotas_service
 
 __all__ = ["router"]
@@ -151,10 +153,13 @@ async def update(project_id: str, request: Request) -> JSONResponse:
     catalog.only_keys(payload, [*shown, "force"], "quota_set")
     force = catalog.parse_bool(payload.pop("force", False), "force")
     wanted = {key: catalog.parse_int(value, key, minimum=-1) for key, value in payload.items()}
-    try:
-        quotas_service.set_quota(cloud, project_id, user_id, wanted, force=force)
-    except InvalidSpec as exc:
-        raise ApiError(400, str(exc)) from None
+    # With unified limits, Nova's update APIs behave as its noop driver's: nothing is stored
+    # and the answer shows the limits as they are (they change in Keystone: /v3/limits).
+    if not identity_limits.uses_unified_limits(cloud):
+        try:
+            quotas_service.set_quota(cloud, project_id, user_id, wanted, force=force)
+        except InvalidSpec as exc:
+            raise ApiError(400, str(exc)) from None
     quotas = catalog.quota_limits(cloud, project_id, user_id)
     return JSONResponse({"quota_set": {r: quotas[r] for r in shown}})
 
@@ -162,7 +167,9 @@ async def update(project_id: str, request: Request) -> JSONResponse:
 @router.delete("/os-quota-sets/{project_id}")
 async def revert(project_id: str, request: Request) -> Response:
     require_admin(request)
-    quotas_service.revert_quota(cloud_of(request), project_id, request.query_params.get("user_id"))
+    cloud = cloud_of(request)
+    if not identity_limits.uses_unified_limits(cloud):
+        quotas_service.revert_quota(cloud, project_id, request.query_params.get("user_id"))
     return Response(status_code=202)
 
 
@@ -186,7 +193,7 @@ async def update_class(class_name: str, request: Request) -> JSONResponse:
     shown = _resources(request)
     catalog.only_keys(payload, shown, "quota_class_set")
     wanted = {key: catalog.parse_int(value, key, minimum=-1) for key, value in payload.items()}
-    if class_name == "default":
+    if class_name == "default" and not identity_limits.uses_unified_limits(cloud):
         quotas_service.set_default_quotas(cloud, wanted)
     defaults = catalog.default_quotas(cloud)
     return JSONResponse({"quota_class_set": {r: defaults[r] for r in shown}})

@@ -15,6 +15,7 @@ from stowage.api.identity import (
     grants,
     groups,
     inherit,
+    limits,
     policy_blobs,
     resources,
     system,
@@ -87,5 +88,6 @@ def create_identity_app(cloud: Cloud) -> FastAPI:
     app.include_router(inherit.router)
     app.include_router(credentials.router)
     app.include_router(policy_blobs.router)
+    app.include_router(limits.router)
     app.include_router(unimplemented.router)
     return app

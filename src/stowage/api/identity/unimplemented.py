@@ -22,11 +22,6 @@ router = APIRouter()
 _ALL = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 # Core Keystone v3 routes not served here (see docs/compatibility.md).
 _PATHS = (
-    "/v3/limits",
-    "/v3/limits/model",
-    "/v3/limits/{limit_id}",
-    "/v3/registered_limits",
-    "/v3/registered_limits/{limit_id}",
     "/v3/domains/{domain_id}/config",
     "/v3/domains/{domain_id}/config/{group}",
     "/v3/domains/{domain_id}/config/{group}/{option}",
