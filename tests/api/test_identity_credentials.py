@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 import httpx
 from tests.api.cloudproc import RunningCloud
@@ -104,11 +105,11 @@ def test_ec2_credentials_of_a_user_on_its_project(cloud: RunningCloud) -> None:
 
 
 def test_policy_blobs_are_stored_by_an_admin_and_read_by_readers_of_the_system(
-    cloud: RunningCloud,
+    cloud: RunningCloud, tmp_path: Path
 ) -> None:
     """/v3/policies keeps blobs, as Keystone does (which never enforces them)."""
     team = personas(cloud, "pol")
-    path = cloud.state_dir / "policy.json"
+    path = tmp_path / "policy.json"  # not in the cloud's state directory: that is the owner's
     path.write_text('{"compute:start": "role:admin"}')
     made = cloud.osc_json("policy", "create", "--type", "application/json", str(path))
     assert made["type"] == "application/json"
