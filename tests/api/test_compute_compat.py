@@ -5,6 +5,7 @@ extensions and versions; through the real CLI where it has a command, else exact
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from tests.api.cloudproc import IMAGE, RunningCloud
@@ -304,4 +305,25 @@ def test_a_port_deleted_through_the_network_api_leaves_the_servers_addresses(
     assert shown["addresses"] == {}
     listed = cloud.compute("GET", f"/servers/{sid}/ips").json()
     assert listed["addresses"] == {}
+    cloud.osc("server", "delete", "--wait", sid)
+
+
+def test_concurrent_metadata_writes_of_different_keys_all_stay(cloud: RunningCloud) -> None:
+    """Before the fix each write read the server, merged its key and wrote the whole map back
+    without comparing: concurrent writers of different keys lost each other's."""
+    sid = cloud.boot(unique("meta-race"))["id"]
+    token = cloud.token()
+    keys = [f"k{n}" for n in range(16)]
+
+    def set_one(key: str) -> int:
+        answer = cloud.compute(
+            "POST", f"/servers/{sid}/metadata", token=token, json={"metadata": {key: "v"}}
+        )
+        return answer.status_code
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        codes = list(pool.map(set_one, keys))
+    assert codes == [200] * len(keys)
+    metadata = cloud.compute("GET", f"/servers/{sid}/metadata").json()["metadata"]
+    assert sorted(metadata) == sorted(keys)
     cloud.osc("server", "delete", "--wait", sid)

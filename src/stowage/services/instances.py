@@ -3,15 +3,15 @@ changed (`services.documents.write_document` for the kind "instance")."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import Connection
 
 from stowage.services.cloud import Cloud
-from stowage.services.documents import changes_of, write_document
+from stowage.services.documents import changes_of, modify_document, write_document
 
-__all__ = ["changes_of", "write_instance"]
+__all__ = ["change_metadata", "changes_of", "write_instance"]
 
 
 def write_instance(
@@ -26,3 +26,23 @@ def write_instance(
     """Apply what changed from `before` to `after` onto the stored instance, by
     compare-and-swap; inside `conn`'s transaction when given. Returns the document written."""
     return write_document(cloud, "instance", instance_id, before, after, conn=conn, name=name)
+
+
+def change_metadata(
+    cloud: Cloud,
+    instance_id: str,
+    change: Callable[[dict[str, str]], dict[str, str]],
+) -> dict[str, str]:
+    """Apply `change` to the server's metadata as it is now, by compare-and-swap (again on a
+    lost race): concurrent writers of different keys keep each other's. `change` may raise
+    to refuse (a quota, a missing key). Returns the metadata written."""
+    written: dict[str, str] = {}
+
+    def apply(body: dict[str, Any]) -> dict[str, Any]:
+        new = change(dict(body.get("metadata") or {}))
+        written.clear()
+        written.update(new)
+        return {**body, "metadata": new}
+
+    modify_document(cloud, "instance", instance_id, apply)
+    return dict(written)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -13,7 +14,7 @@ from stowage.api.compute.server_views import check_metadata
 from stowage.api.compute.servers import load_server
 from stowage.api.responses import JSONResponse
 from stowage.services import compute_catalog as catalog
-from stowage.services.instances import write_instance
+from stowage.services.instances import change_metadata
 
 __all__ = ["check_metadata_quota", "router"]
 
@@ -44,9 +45,20 @@ def _writer(request: Request, server_id: str) -> tuple[Context, dict[str, Any]]:
     return ctx, dict(doc.body)
 
 
-def _save(request: Request, ctx: Context, server_id: str, body: dict[str, Any]) -> None:
-    check_metadata_quota(request, ctx.project_id, body["metadata"])
-    write_instance(cloud_of(request), server_id, {}, {"metadata": body["metadata"]})
+def _change(
+    request: Request,
+    ctx: Context,
+    server_id: str,
+    change: Callable[[dict[str, str]], dict[str, str]],
+) -> dict[str, str]:
+    """The server's metadata changed by `change` as it is at the write (not as read)."""
+
+    def checked(metadata: dict[str, str]) -> dict[str, str]:
+        new = change(metadata)
+        check_metadata_quota(request, ctx.project_id, new)
+        return new
+
+    return change_metadata(cloud_of(request), server_id, checked)
 
 
 def _metadata(request: Request, server_id: str) -> dict[str, str]:
@@ -62,19 +74,17 @@ async def list_metadata(server_id: str, request: Request) -> JSONResponse:
 
 @router.post("/servers/{server_id}/metadata")
 async def update_metadata(server_id: str, request: Request) -> JSONResponse:
-    ctx, body = _writer(request, server_id)
+    ctx, _ = _writer(request, server_id)
     wanted = check_metadata(_body_member(await json_body(request), "metadata"))
-    body["metadata"] = {**(body.get("metadata") or {}), **wanted}
-    _save(request, ctx, server_id, body)
-    return JSONResponse({"metadata": body["metadata"]})
+    merged = _change(request, ctx, server_id, lambda metadata: {**metadata, **wanted})
+    return JSONResponse({"metadata": merged})
 
 
 @router.put("/servers/{server_id}/metadata")
 async def replace_metadata(server_id: str, request: Request) -> JSONResponse:
-    ctx, body = _writer(request, server_id)
-    body["metadata"] = check_metadata(_body_member(await json_body(request), "metadata"))
-    _save(request, ctx, server_id, body)
-    return JSONResponse({"metadata": body["metadata"]})
+    ctx, _ = _writer(request, server_id)
+    wanted = check_metadata(_body_member(await json_body(request), "metadata"))
+    return JSONResponse({"metadata": _change(request, ctx, server_id, lambda _old: wanted)})
 
 
 @router.get("/servers/{server_id}/metadata/{key}")
@@ -87,24 +97,24 @@ async def show_metadata_item(server_id: str, key: str, request: Request) -> JSON
 
 @router.put("/servers/{server_id}/metadata/{key}")
 async def set_metadata_item(server_id: str, key: str, request: Request) -> JSONResponse:
-    ctx, body = _writer(request, server_id)
+    ctx, _ = _writer(request, server_id)
     meta = check_metadata(_body_member(await json_body(request), "meta"), field="meta")
     if len(meta) != 1:
         raise ApiError(400, "Request body contains too many items")
     if key not in meta:
         raise ApiError(400, "Request body and URI mismatch")
-    body["metadata"] = {**(body.get("metadata") or {}), **meta}
-    _save(request, ctx, server_id, body)
+    _change(request, ctx, server_id, lambda metadata: {**metadata, **meta})
     return JSONResponse({"meta": meta})
 
 
 @router.delete("/servers/{server_id}/metadata/{key}")
 async def delete_metadata_item(server_id: str, key: str, request: Request) -> Response:
-    ctx, body = _writer(request, server_id)
-    metadata = dict(body.get("metadata") or {})
-    if key not in metadata:
-        raise ApiError(404, "Metadata item was not found")
-    del metadata[key]
-    body["metadata"] = metadata
-    _save(request, ctx, server_id, body)
+    ctx, _ = _writer(request, server_id)
+
+    def without(metadata: dict[str, str]) -> dict[str, str]:
+        if key not in metadata:
+            raise ApiError(404, "Metadata item was not found")
+        return {k: v for k, v in metadata.items() if k != key}
+
+    _change(request, ctx, server_id, without)
     return Response(status_code=204)
