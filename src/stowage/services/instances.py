@@ -11,7 +11,15 @@ from sqlalchemy import Connection
 from stowage.services.cloud import Cloud
 from stowage.services.documents import changes_of, modify_document, write_document
 
-__all__ = ["change_metadata", "changes_of", "write_instance"]
+__all__ = [
+    "change_metadata",
+    "changes_of",
+    "clear_password",
+    "set_block_devices",
+    "set_tags",
+    "update_server",
+    "write_instance",
+]
 
 
 def write_instance(
@@ -46,3 +54,31 @@ def change_metadata(
 
     modify_document(cloud, "instance", instance_id, apply)
     return dict(written)
+
+
+def update_server(
+    cloud: Cloud, instance_id: str, before: Mapping[str, Any], after: Mapping[str, Any]
+) -> dict[str, Any]:
+    """PUT /servers/{id}: the fields a request changed (name, description, access
+    addresses), compare-and-swap against what it read; the document's name follows."""
+    return write_instance(cloud, instance_id, before, after, name=str(after.get("name") or ""))
+
+
+def set_tags(
+    cloud: Cloud, instance_id: str, before: Mapping[str, Any], tags: list[str]
+) -> dict[str, Any]:
+    """The server's tags as a request sets them, compare-and-swap against what it read."""
+    return write_instance(cloud, instance_id, before, {**before, "tags": tags})
+
+
+def clear_password(cloud: Cloud, instance_id: str, before: Mapping[str, Any]) -> None:
+    """DELETE /os-server-password: the stored password goes."""
+    if before.get("password"):
+        write_instance(cloud, instance_id, before, {**before, "password": ""})
+
+
+def set_block_devices(
+    cloud: Cloud, instance_id: str, before: Mapping[str, Any], devices: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The server's block devices as a request changed them (delete_on_termination, 2.85)."""
+    return write_instance(cloud, instance_id, before, {**before, "block_devices": devices})

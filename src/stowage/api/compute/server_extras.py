@@ -13,7 +13,7 @@ from stowage.api.compute.microversion import mv
 from stowage.api.compute.servers import load_server
 from stowage.api.responses import JSONResponse
 from stowage.ledger.objects import Document
-from stowage.services.instances import write_instance
+from stowage.services import instances
 
 __all__ = ["router"]
 
@@ -50,7 +50,7 @@ def _check_tag(tag: Any) -> str:
 def _save_tags(request: Request, doc: Document, tags: list[str]) -> None:
     if len(tags) > _TAGS_MAX:
         raise ApiError(400, f"The number of tags exceeded the per-server limit {_TAGS_MAX}")
-    write_instance(cloud_of(request), doc.id, doc.body, {**doc.body, "tags": tags})
+    instances.set_tags(cloud_of(request), doc.id, doc.body, tags)
 
 
 @router.get("/servers/{server_id}/tags")
@@ -149,8 +149,7 @@ async def clear_password(server_id: str, request: Request) -> Response:
     ctx = require_writer(request)
     cloud = cloud_of(request)
     doc = load_server(cloud, ctx, server_id)
-    if doc.body.get("password"):
-        write_instance(cloud, server_id, doc.body, {**doc.body, "password": ""})
+    instances.clear_password(cloud, server_id, doc.body)
     return Response(status_code=204)
 
 

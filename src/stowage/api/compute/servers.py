@@ -49,6 +49,7 @@ from stowage.api.compute.server_views import (
 from stowage.api.responses import JSONResponse
 from stowage.domain.errors import InvalidSpec, NotFound
 from stowage.ledger.objects import Document
+from stowage.services import instances
 from stowage.services.cloud import Cloud
 from stowage.services.compute import (
     BuildRequest,
@@ -63,7 +64,6 @@ from stowage.services.compute import (
 )
 from stowage.services.compute_catalog import visible_flavor
 from stowage.services.images import properties_of
-from stowage.services.instances import write_instance
 from stowage.services.migrations import confirm_resize, move, revert_resize
 from stowage.services.server_security_groups import security_group_names
 
@@ -517,7 +517,7 @@ async def update_server(request: Request, server_id: str) -> JSONResponse:
         body["name"] = name
     if "description" in server:
         body["description"] = server["description"]
-    write_instance(cloud, server_id, doc.body, body, name=body["name"])
+    instances.update_server(cloud, server_id, doc.body, body)
     updated = cloud.objects.get("instance", server_id)
     view = action_view(server_view(request, ctx, updated), mv(request), rebuild=False)
     return JSONResponse({"server": view})

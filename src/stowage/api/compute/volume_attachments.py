@@ -18,7 +18,7 @@ from stowage.api.responses import JSONResponse
 from stowage.domain.errors import ConflictError, NotFound
 from stowage.ledger.objects import Document
 from stowage.services.compute import record_action
-from stowage.services.instances import write_instance
+from stowage.services.instances import set_block_devices
 from stowage.services.volumes import InvalidVolume
 from stowage.services.volumes import server_volumes as service
 
@@ -147,7 +147,7 @@ async def update_attachment(request: Request, server_id: str, volume_id: str) ->
     after = [
         {**d, "delete_on_termination": flag} if d["volume_id"] == volume_id else d for d in devices
     ]
-    write_instance(cloud, server_id, doc.body, {**doc.body, "block_devices": after})
+    set_block_devices(cloud, server_id, doc.body, after)
     return Response(status_code=202)
 
 
