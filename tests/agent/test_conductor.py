@@ -170,6 +170,15 @@ def test_a_stopped_destination_leaves_error_then_failed_holding_nothing(
     assert audit(cloud.ledger) == []
 
 
+async def _cold_move(cloud: Cloud, vm: str, kind: str) -> Any:
+    """A cold migration (or a resize to a flavor with a bigger disk) of `vm` to host2."""
+    bigger = {**PINNED, "id": "p2", "name": "pinned.2", "disk": 2}
+    return await asyncio.to_thread(
+        migrations.move, cloud, vm, kind, user_id="u", project_id="p", dest="host2",
+        new_flavor=bigger if kind == "resize" else None,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("kind", ["migration", "resize"])
 def test_a_cold_move_stops_the_source_guest_and_a_revert_starts_it_again(
     cloud: Cloud, tmp_path: Path, kind: str
@@ -186,11 +195,7 @@ def test_a_cold_move_stops_the_source_guest_and_a_revert_starts_it_again(
             task = asyncio.create_task(conductor.run())
             (vm,) = await asyncio.to_thread(build, cloud, 1, "host1")
             await until(cloud, lambda: statuses(cloud, [vm]) == ["ACTIVE"])
-            bigger = {**PINNED, "id": "p2", "name": "pinned.2", "disk": 2}
-            await asyncio.to_thread(
-                migrations.move, cloud, vm, kind, user_id="u", project_id="p", dest="host2",
-                new_flavor=bigger if kind == "resize" else None,
-            )  # fmt: skip
+            await _cold_move(cloud, vm, kind)
             await until(cloud, lambda: statuses(cloud, [vm]) == ["VERIFY_RESIZE"])
             source, dest = servers["host1"].driver, servers["host2"].driver
             assert source.running()[vm]["state"] == InstanceState.SHUTOFF
@@ -227,11 +232,7 @@ def test_a_cold_move_takes_the_instances_disk_to_the_destination(
             # What this instance wrote: bytes no other disk holds.
             data = f"written by {vm}".encode() + source_disk.read_bytes()
             source_disk.write_bytes(data)
-            bigger = {**PINNED, "id": "p2", "name": "pinned.2", "disk": 2}
-            result = await asyncio.to_thread(
-                migrations.move, cloud, vm, kind, user_id="u", project_id="p", dest="host2",
-                new_flavor=bigger if kind == "resize" else None,
-            )  # fmt: skip
+            result = await _cold_move(cloud, vm, kind)
             await until(cloud, lambda: statuses(cloud, [vm]) == ["VERIFY_RESIZE"])
             await asyncio.to_thread(migrations.confirm_resize, cloud, vm)
             await until(cloud, lambda: statuses(cloud, [vm]) == ["ACTIVE"])
