@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from stowage.api.auth import cloud_of
-from stowage.api.identity.policy import admin, caller, forbid, reader_of_all
+from stowage.api.identity.policy import Caller, admin, caller, forbid, reader_of_all
 from stowage.api.identity.views import base_of, collection, role_view
 from stowage.api.responses import JSONResponse
 from stowage.services import identity_system as svc
@@ -51,12 +51,7 @@ async def list_grants(request: Request, user_id: str) -> JSONResponse:
         raise forbid("identity:list_system_grants_for_user")
     who.directory.user(user_id)
     role_ids = {r for _u, r in svc.system_role_ids(cloud_of(request), user_id)}
-    docs = [r for r in who.directory.roles() if r.id in role_ids]
-    base = base_of(request)
-    page = collection(
-        request, "roles", docs, lambda r: role_view(base, r), path=f"system/users/{user_id}/roles"
-    )
-    return JSONResponse(page)
+    return _roles_page(request, who, role_ids, f"system/users/{user_id}/roles")
 
 
 # -- groups' grants on the system ---------------------------------------------------------
@@ -93,7 +88,11 @@ async def list_group_grants(request: Request, group_id: str) -> JSONResponse:
     who = reader_of_all(request, "list_system_grants_for_group")
     GroupDirectory(who.directory.cloud).group(group_id)
     role_ids = {r for _g, r in svc.group_system_role_ids(cloud_of(request), group_id)}
+    return _roles_page(request, who, role_ids, f"system/groups/{group_id}/roles")
+
+
+def _roles_page(request: Request, who: Caller, role_ids: set[str], path: str) -> JSONResponse:
+    """The roles of a user's or a group's system grants, as Keystone lists them."""
     docs = [r for r in who.directory.roles() if r.id in role_ids]
     base = base_of(request)
-    path = f"system/groups/{group_id}/roles"
     return JSONResponse(collection(request, "roles", docs, lambda r: role_view(base, r), path=path))
