@@ -24,6 +24,16 @@ is not read as the API's when the generator was the limit. With `--before-src OT
 measures another checkout first in the same run (same machine, same load) and prints the
 two side by side.
 
+With `--production` the cloud is the production processes instead (issue 12's second
+target): `stowage api --workers W`, `--conductors C` conductors and one `stowage agent
+--driver sim` per host, sharing a fresh PostgreSQL schema (`--pg-url`) and RabbitMQ (`--bus`).
+CPU is then printed per process kind (the API's workers summed), and `--profile DIR` records
+a py-spy profile (`py-spy record --gil`, raw collapsed stacks) of one process of each kind
+while the creates run and prints each one's heaviest functions by inclusive share:
+
+    .venv/bin/python bench/api.py --production --hosts 6 --api-workers 2 --conductors 2 \
+        --servers 2000 --profile /tmp/profiles
+
 The figures are the ones printed; nothing is asserted. The machine is shared: compare
 figures of one run with each other, not with another run's.
 """
@@ -35,7 +45,6 @@ import json
 import multiprocessing
 import os
 import socket
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -47,6 +56,7 @@ from typing import Any
 
 import httpx
 import yaml
+from sqlalchemy import create_engine, text
 
 BIN = Path(sys.executable).parent
 
@@ -76,19 +86,58 @@ def topology_file(path: Path, hosts: int) -> Path:
     return path
 
 
-def start(state: Path, hosts: int, src: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
+class Cloud:
+    """The cloud under load: `stowage up` (one process) or the production processes, with
+    the ledger's URL and the pid of each process kind's root processes."""
+
+    def __init__(self, base: str, db_url: str, procs: dict[str, list[subprocess.Popen[bytes]]]):
+        self.base = base
+        self.db_url = db_url
+        self.procs = procs
+        self.engine = create_engine(db_url)
+
+    def pids(self) -> dict[str, list[int]]:
+        return {kind: [p.pid for p in procs] for kind, procs in self.procs.items()}
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds used so far per process kind, children included (API workers)."""
+        return {kind: sum(tree_cpu_s(pid) for pid in pids) for kind, pids in self.pids().items()}
+
+    def stop(self) -> None:
+        everything = [p for procs in self.procs.values() for p in procs]
+        for proc in everything:
+            proc.terminate()
+        for proc in everything:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.engine.dispose()
+
+
+def wait_answering(base: str, procs: list[subprocess.Popen[bytes]], what: str) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            break
+        try:
+            if httpx.get(f"{base}/identity/v3", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    for p in procs:
+        p.kill()
+    raise SystemExit(f"{what} did not answer")
+
+
+def start(state: Path, hosts: int, src: Path | None = None) -> Cloud:
     """`stowage up` of this checkout, or of the source tree `src` (another commit's `src/`,
     run by this interpreter: the "before" of a before/after run)."""
     port = free_port()
     topo = topology_file(state.parent / "topology.yaml", hosts)
-    env = dict(os.environ)
-    command = [str(BIN / "stowage")]
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
-        command = [sys.executable, "-c", "from stowage.cli import app; app()"]
     proc = subprocess.Popen(
         [
-            *command,
+            *command_of(src),
             "up",
             "--state-dir",
             str(state),
@@ -101,18 +150,103 @@ def start(state: Path, hosts: int, src: Path | None = None) -> tuple[subprocess.
         ],
         stdout=(state.parent / "cloud.log").open("wb"),
         stderr=subprocess.STDOUT,
-        env=env,
+        env=env_of(src),
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    wait_answering(base, [proc], "stowage up")
+    return Cloud(base, f"sqlite:///{state / 'ledger.db'}", {"stowage up": [proc]})
+
+
+def command_of(src: Path | None) -> list[str]:
+    if src is None:
+        return [str(BIN / "stowage")]
+    return [sys.executable, "-c", "from stowage.cli import app; app()"]
+
+
+def env_of(src: Path | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    return env
+
+
+def start_production(
+    state: Path, args: argparse.Namespace, src: Path | None = None
+) -> tuple[Cloud, str]:
+    """The production processes on a new PostgreSQL schema; returns the cloud and the
+    schema (dropped by the caller)."""
+    schema = f"bench_{os.getpid()}_{int(time.time())}"
+    admin = create_engine(args.pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    admin.dispose()
+    db_url = f"{args.pg_url}?options=-csearch_path%3D{schema}"
+    port = free_port()
+    topo = topology_file(state.parent / "topology.yaml", args.hosts)
+    common = ["--state-dir", str(state), "--db", db_url]
+    logs = state.parent
+
+    def spawn(name: str, *argv: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [*command_of(src), *argv],
+            stdout=(logs / f"{name}.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            env=env_of(src),
+        )
+
+    api = spawn(
+        "api",
+        "api",
+        *common,
+        "--port",
+        str(port),
+        "--workers",
+        str(args.api_workers),
+        "--max-instances-per-request",
+        "100000",
+    )
+    base = f"http://127.0.0.1:{port}"
+    wait_answering(base, [api], "stowage api")
+    conductors = [
+        spawn(f"conductor{i}", "conductor", *common, "--bus", args.bus, "--name", f"bench-c{i}")
+        for i in range(args.conductors)
+    ]
+    hosts = [f"h{i:05d}" for i in range(args.hosts)]
+    agents = [
+        spawn(
+            host,
+            "agent",
+            "--host",
+            host,
+            *common,
+            "--bus",
+            args.bus,
+            "--topology",
+            str(topo),
+            "--image-api",
+            f"{base}/image",
+        )
+        for host in hosts
+    ]
+    cloud = Cloud(base, db_url, {"api": [api], "conductor": conductors, "agent": agents})
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/identity/v3", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("stowage up did not answer")
+        with cloud.engine.connect() as conn:
+            up = conn.execute(text("SELECT count(*) FROM hosts")).scalar_one()
+        if up >= args.hosts:
+            break
+        time.sleep(0.5)
+    else:
+        cloud.stop()
+        raise SystemExit(f"only {up} of {args.hosts} agents registered their hosts")
+    return cloud, schema
+
+
+def drop_schema(pg_url: str, schema: str) -> None:
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    admin.dispose()
 
 
 def token(base: str) -> tuple[str, str]:
@@ -203,9 +337,34 @@ def drive(
 
 
 def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) the process has used so far, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """CPU seconds (user + system) the process has used so far, from /proc (0 once gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """Every live descendant of `pid`."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def tree_cpu_s(pid: int) -> float:
+    return cpu_s(pid) + sum(cpu_s(child) for child in children(pid))
 
 
 def pct(values: list[float], q: float) -> float:
@@ -215,12 +374,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def statuses(db: Path) -> dict[str, int]:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
-    try:
-        rows = conn.execute("SELECT body FROM objects WHERE kind = 'instance'").fetchall()
-    finally:
-        conn.close()
+def statuses(cloud: Cloud) -> dict[str, int]:
+    with cloud.engine.connect() as conn:
+        rows = conn.execute(text("SELECT body FROM objects WHERE kind = 'instance'")).all()
     out: dict[str, int] = {}
     for (body,) in rows:
         status = json.loads(body)["status"]
@@ -237,15 +393,15 @@ def until(check: Callable[[], bool], timeout_s: float) -> float:
     return time.perf_counter() - start
 
 
-def claim_rate(hosts: int, instances: int, workdir: Path) -> float:
-    """The scheduler and the ledger alone on the same disk: placements/s of m1.tiny."""
+def claim_rate(hosts: int, instances: int, db_url: str) -> float:
+    """The scheduler and the ledger alone on the same database: placements/s of m1.tiny."""
     from stowage.domain.flavor import Flavor, shape_of
     from stowage.domain.topology import HostSpec, HostTopology
     from stowage.ledger import Ledger
     from stowage.scheduling.framework import Request
     from stowage.services.scheduler import Scheduler
 
-    ledger = Ledger.open(f"sqlite:///{workdir / 'claims.db'}")
+    ledger = Ledger.open(db_url)
     topo = HostTopology.uniform(
         cells=2, cores_per_cell=32, threads_per_core=2, memory_mb_per_cell=262144
     )
@@ -264,16 +420,109 @@ def claim_rate(hosts: int, instances: int, workdir: Path) -> float:
     return instances / elapsed
 
 
+class Profiles:
+    """py-spy recordings (GIL-holding samples, raw collapsed stacks) of one process of each
+    kind, from `start` to `stop`; `report` prints each kind's heaviest functions."""
+
+    def __init__(self, directory: Path | None, cloud: Cloud) -> None:
+        self.directory = directory
+        self.cloud = cloud
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, label: str) -> None:
+        if self.directory is None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        spy = BIN / "py-spy"
+        if not spy.exists():
+            raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy")
+        for kind, pids in self.cloud.pids().items():
+            out = self.directory / f"{label}-{kind.replace(' ', '-')}.txt"
+            self.running[kind] = subprocess.Popen(
+                [
+                    *(str(spy), "record", "--gil", "--subprocesses", "-r", "50", "-f", "raw"),
+                    *("-o", str(out), "-p", str(pids[0])),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+
+    def stop(self, say: Callable[[str], None], label: str) -> None:
+        if self.directory is None:
+            return
+        for proc in self.running.values():
+            proc.send_signal(2)  # py-spy writes its output on SIGINT
+        for kind, proc in self.running.items():
+            proc.wait(timeout=60)
+            out = self.directory / f"{label}-{kind.replace(' ', '-')}.txt"
+            say(f"profile of {kind} ({out}): " + top_functions(out))
+        self.running.clear()
+
+
+def top_functions(path: Path, n: int = 10) -> str:
+    """From a raw py-spy file: Stowage's functions in most of the samples (inclusive, those
+    under 95%: below the entry points), and the packages the samples end in (self time)."""
+    inclusive: dict[str, int] = {}
+    leaves: dict[str, int] = {}
+    samples = 0
+    if not path.exists():
+        return "no samples"
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not count_text.isdigit():
+            continue
+        count = int(count_text)
+        samples += count
+        frames = [frame.partition(" (") for frame in stack.split(";")[1:]]
+        seen = set()
+        for name, _, where in frames:
+            if where.startswith("stowage/") and name not in seen:
+                seen.add(name)
+                key = f"{name} ({where.rsplit(':', 1)[0].removeprefix('stowage/')})"
+                inclusive[key] = inclusive.get(key, 0) + count
+        if frames:
+            package = frames[-1][2].split("/", 1)[0].split(".", 1)[0].split(":", 1)[0]
+            leaves[package] = leaves.get(package, 0) + count
+    if not samples:
+        return "no samples"
+    ours = [
+        (k, v) for k, v in sorted(inclusive.items(), key=lambda kv: -kv[1]) if v < 0.95 * samples
+    ]
+    ends = sorted(leaves.items(), key=lambda kv: -kv[1])[:6]
+    return (
+        f"{samples} samples holding the GIL; inclusive: "
+        + ", ".join(f"{k} {v / samples:.0%}" for k, v in ours[:n])
+        + "; ending in: "
+        + ", ".join(f"{k} {v / samples:.0%}" for k, v in ends)
+    )
+
+
 def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> dict[str, float]:
     """One cloud, every phase; prints each figure as it is measured and returns them."""
     work = Path(tempfile.mkdtemp(prefix="stowage-bench-api-"))
     state = work / "state"
-    proc, base = start(state, args.hosts, src)
+    schema = None
+    if args.production:
+        cloud, schema = start_production(state, args, src)
+    else:
+        cloud = start(state, args.hosts, src)
+    base = cloud.base
+    profiles = Profiles(args.profile, cloud)
     figures: dict[str, float] = {}
     clients = load.procs * args.clients
 
     def say(text: str) -> None:
         print(f"[{label}] {text}", flush=True)
+
+    def cpu_since(before: dict[str, float], seconds: float, per: int) -> tuple[float, str]:
+        """All of the cloud's CPU seconds since `before`, and a line per process kind."""
+        now = cloud.cpu()
+        used = {kind: now[kind] - before.get(kind, 0.0) for kind in now}
+        parts = [
+            f"{kind} {used[kind] / seconds:4.2f} cores ({used[kind] / per * 1e3:.2f} ms each)"
+            for kind in used
+        ]
+        return sum(used.values()), "; ".join(parts)
 
     try:
         tok, project = token(base)
@@ -282,9 +531,9 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
         httpx.put(f"{base}/compute/v2.1/os-quota-sets/{project}", json=quota, headers=headers)
         image = httpx.get(f"{base}/image/v2/images", headers=headers).json()["images"][0]["id"]
 
-        cpu0 = cpu_s(proc.pid)
+        cpu0 = cloud.cpu()
         get_s, get_lat, get_gen = drive(load, base, tok, "get", image, args.gets, args.clients)
-        get_cpu = cpu_s(proc.pid) - cpu0
+        get_cpu, get_kinds = cpu_since(cpu0, get_s, args.gets)
         figures.update(
             get_rate=args.gets / get_s,
             get_p50_ms=pct(get_lat, 0.5) * 1e3,
@@ -294,27 +543,26 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
         say(
             f"trivial authenticated GET (GET /flavors/1), {clients} clients: "
             f"{figures['get_rate']:8.1f} req/s, p50 {figures['get_p50_ms']:6.1f} ms, "
-            f"p99 {figures['get_p99_ms']:6.1f} ms; stowage up CPU {get_cpu / get_s:4.2f} cores, "
-            f"{figures['get_server_cpu_ms']:.2f} ms/request; load generator CPU "
+            f"p99 {figures['get_p99_ms']:6.1f} ms; CPU {get_kinds}; load generator CPU "
             f"{get_gen / get_s:4.2f} cores"
         )
 
-        db = state / "ledger.db"
-
         def settled() -> bool:
-            counts = statuses(db)
+            counts = statuses(cloud)
             return counts.get("ACTIVE", 0) + counts.get("ERROR", 0) >= args.servers
 
-        cpu0 = cpu_s(proc.pid)
+        cpu0 = cloud.cpu()
+        profiles.start(label)
         start_t = time.perf_counter()
         create_s, lat, create_gen = drive(
             load, base, tok, "create", image, args.servers, args.clients
         )
-        create_cpu = cpu_s(proc.pid) - cpu0
-        until(settled, 600)
+        create_cpu, create_kinds = cpu_since(cpu0, create_s, args.servers)
+        until(settled, 900)
         total_s = time.perf_counter() - start_t
-        boot_cpu = cpu_s(proc.pid) - cpu0
-        counts = statuses(db)
+        boot_cpu, boot_kinds = cpu_since(cpu0, total_s, args.servers)
+        profiles.stop(say, label)
+        counts = statuses(cloud)
         refused = sum(1 for x in lat if x < 0)
         figures.update(
             create_rate=args.servers / create_s,
@@ -323,18 +571,19 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
             create_server_cpu_ms=create_cpu / args.servers * 1e3,
             boots_per_s=args.servers / total_s,
             boot_server_cpu_ms=boot_cpu / args.servers * 1e3,
+            boot_cores=boot_cpu / total_s,
             errors=float(counts.get("ERROR", 0)),
         )
         say(
             f"creates answered, {clients} clients: {figures['create_rate']:8.1f} req/s, "
             f"p50 {figures['create_p50_ms']:6.1f} ms, p99 {figures['create_p99_ms']:6.1f} ms, "
-            f"{refused} refused; stowage up CPU {create_cpu / create_s:4.2f} cores; "
+            f"{refused} refused; CPU {create_kinds}; "
             f"load generator CPU {create_gen / create_s:4.2f} cores"
         )
         say(
             f"boots to a settled state: {figures['boots_per_s']:8.1f} boots/s "
-            f"({total_s:.1f} s; {counts}); stowage up CPU {boot_cpu / total_s:4.2f} cores, "
-            f"{figures['boot_server_cpu_ms']:.1f} ms per boot"
+            f"({total_s:.1f} s; {counts}); CPU {boot_kinds}; all of it "
+            f"{figures['boot_cores']:4.2f} cores, {figures['boot_server_cpu_ms']:.1f} ms per boot"
         )
 
         best = float("inf")
@@ -359,12 +608,9 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
                 )
 
         def migrated() -> bool:
-            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
-            try:
-                rows = conn.execute("SELECT body FROM objects WHERE kind = 'migration'").fetchall()
-            finally:
-                conn.close()
-            done = [json.loads(b)["status"] for (b,) in rows]
+            with cloud.engine.connect() as conn:
+                rows = conn.execute(text("SELECT body FROM objects WHERE kind = 'migration'"))
+                done = [json.loads(b)["status"] for (b,) in rows]
             return len(done) >= len(moving) and all(
                 s in ("completed", "failed", "error", "cancelled") for s in done
             )
@@ -377,11 +623,27 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
             f"({len(moving)} in {migrate_s:.1f} s)"
         )
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-    rate = claim_rate(args.hosts, min(args.servers, 5000), work)
+        cloud.stop()
+        if schema is not None:
+            drop_schema(args.pg_url, schema)
+    if args.production:
+        claims_schema = f"bench_claims_{os.getpid()}_{int(time.time())}"
+        admin = create_engine(args.pg_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{claims_schema}"'))
+        admin.dispose()
+        try:
+            rate = claim_rate(
+                args.hosts,
+                min(args.servers, 5000),
+                f"{args.pg_url}?options=-csearch_path%3D{claims_schema}",
+            )
+        finally:
+            drop_schema(args.pg_url, claims_schema)
+    else:
+        rate = claim_rate(args.hosts, min(args.servers, 5000), f"sqlite:///{work / 'claims.db'}")
     figures["claim_rate"] = rate
-    say(f"scheduler + ledger alone, same hosts and disk: {rate:8.1f} placements/s")
+    say(f"scheduler + ledger alone, same hosts and database: {rate:8.1f} placements/s")
     say(
         f"the API keeps {figures['boots_per_s'] / rate * 100:5.1f}% of the claim rate and "
         f"{figures['boots_per_s'] / figures['get_rate'] * 100:5.1f}% of the trivial GET's; "
@@ -400,6 +662,7 @@ _ROWS = (
     ("stowage CPU ms per create request", "create_server_cpu_ms", "{:.2f}"),
     ("boots/s to ACTIVE or ERROR", "boots_per_s", "{:.1f}"),
     ("stowage CPU ms per boot (all of it)", "boot_server_cpu_ms", "{:.1f}"),
+    ("stowage CPU cores busy while booting", "boot_cores", "{:.2f}"),
     ("servers in ERROR", "errors", "{:.0f}"),
     ("GET /servers/detail ms", "detail_ms", "{:.1f}"),
     ("live migrations/s", "migrations_per_s", "{:.1f}"),
@@ -420,6 +683,22 @@ def main() -> None:
         type=Path,
         help="another checkout's src/ directory: measure it first, then this one, and "
         "print both side by side",
+    )
+    parser.add_argument(
+        "--production",
+        action="store_true",
+        help="the production processes on PostgreSQL and RabbitMQ instead of stowage up",
+    )
+    parser.add_argument("--api-workers", type=int, default=1)
+    parser.add_argument("--conductors", type=int, default=1)
+    parser.add_argument(
+        "--pg-url", default="postgresql+psycopg://postgres@127.0.0.1/test", help="--production"
+    )
+    parser.add_argument("--bus", default="amqp://guest:guest@127.0.0.1:5672/", help="--production")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="record a py-spy profile of each process kind during the creates into this folder",
     )
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
