@@ -66,6 +66,70 @@ def test_a_bad_create_is_a_400_naming_the_field_and_leaves_nothing(cloud: Runnin
     assert len(compute(cloud, token, "GET", "/servers").json()["servers"]) == before
 
 
+def test_a_create_checks_the_images_minimums_and_the_metadata_quota(cloud: RunningCloud) -> None:
+    """Nova's create checks that read what the create had already read (the image) or that
+    apply only to some creates (the metadata quota): still made."""
+    token = cloud.token()
+    headers = {"X-Auth-Token": token}
+    image = httpx.post(
+        f"{cloud.base_url}/image/v2/images",
+        headers=headers,
+        json={
+            "name": unique("big-ram"),
+            "disk_format": "raw",
+            "container_format": "bare",
+            "min_ram": 1024,
+        },
+    ).json()
+    stored = httpx.put(
+        f"{cloud.base_url}/image/v2/images/{image['id']}/file",
+        headers={**headers, "Content-Type": "application/octet-stream"},
+        content=b"\0" * 4096,
+    )
+    assert stored.status_code == 204, stored.text
+    body = {"server": {"name": unique("x"), "flavorRef": "1", "networks": "none"}}
+    small = compute(
+        cloud,
+        token,
+        "POST",
+        "/servers",
+        json={"server": {**body["server"], "imageRef": image["id"]}},
+    )
+    assert small.status_code == 400, small.text
+    assert (
+        small.json()["badRequest"]["message"] == "Flavor's memory is too small for requested image."
+    )
+
+    project = httpx.get(
+        f"{cloud.base_url}/identity/v3/auth/tokens",
+        headers={**headers, "X-Subject-Token": token},
+    ).json()["token"]["project"]["id"]
+    quota = f"/os-quota-sets/{project}"
+    before = compute(cloud, token, "GET", quota, version="2.1").json()["quota_set"][
+        "metadata_items"
+    ]
+    assert (
+        compute(
+            cloud, token, "PUT", quota, version="2.1", json={"quota_set": {"metadata_items": 1}}
+        ).status_code
+        == 200
+    )
+    try:
+        over = {**body["server"], "imageRef": _image_id(cloud), "metadata": {"a": "1", "b": "2"}}
+        refused = compute(cloud, token, "POST", "/servers", json={"server": over})
+        assert refused.status_code == 403, refused.text
+        assert "metadata_items" in refused.json()["forbidden"]["message"]
+    finally:
+        compute(
+            cloud,
+            token,
+            "PUT",
+            quota,
+            version="2.1",
+            json={"quota_set": {"metadata_items": before}},
+        )
+
+
 def test_a_member_cannot_see_another_projects_server(cloud: RunningCloud) -> None:
     name = unique("admin-vm")
     server = create(cloud, name)

@@ -8,6 +8,7 @@ from typing import Any
 
 from stowage.api.common import ApiError, Context
 from stowage.api.compute.keypairs import _doc_id as keypair_doc_id
+from stowage.ledger.objects import Document
 from stowage.services import compute_catalog as catalog
 from stowage.services import networks as net
 from stowage.services.cloud import Cloud
@@ -149,9 +150,12 @@ def _access_ip(value: Any, what: str, version: int) -> None:
         )
 
 
-def check_create(cloud: Cloud, ctx: Context, server: dict[str, Any], flavor: Any) -> None:
+def check_create(
+    cloud: Cloud, ctx: Context, server: dict[str, Any], flavor: Any, image: Document | None
+) -> None:
     """The create checks Nova makes before it accepts a build: counts, access addresses, the
-    key pair, the security groups, and an image that fits the flavor."""
+    key pair, the security groups, and that `image` (the `imageRef` one, already read) fits
+    the flavor."""
     for what in ("min_count", "max_count"):
         if what in server:
             _count(server[what], what)
@@ -159,7 +163,7 @@ def check_create(cloud: Cloud, ctx: Context, server: dict[str, Any], flavor: Any
         if server.get(what):
             _access_ip(server[what], what, version)
     metadata = server.get("metadata") or {}
-    limit = catalog.quota_limits(cloud, ctx.project_id)["metadata_items"]
+    limit = catalog.quota_limits(cloud, ctx.project_id)["metadata_items"] if metadata else -1
     if isinstance(metadata, dict) and 0 <= limit < len(metadata):
         raise ApiError(403, f"Quota exceeded for metadata_items: maximum {limit} items")
     key_name = server.get("key_name")
@@ -173,12 +177,6 @@ def check_create(cloud: Cloud, ctx: Context, server: dict[str, Any], flavor: Any
             raise ApiError(
                 400, f"Security group {missing[0]} not found for project {ctx.project_id}."
             )
-    image_ref = server.get("imageRef")
-    image = (
-        cloud.objects.find("image", str(image_ref).rstrip("/").rsplit("/", 1)[-1])
-        if (image_ref)
-        else None
-    )
     if image is not None:
         if int(image.body.get("min_ram") or 0) > int(flavor.get("ram", 0)):
             raise ApiError(400, "Flavor's memory is too small for requested image.")

@@ -264,6 +264,7 @@ def _parse_create(request: Request, cloud: Cloud, ctx: Context, body: Any) -> Bu
     if not image_ref:
         image_ref = next((b.get("uuid") for b in bdms if b.get("source_type") == "image"), "")
     image_properties: dict[str, str] = {}
+    image: Document | None = None
     if image_ref:
         image_id = str(image_ref).rstrip("/").rsplit("/", 1)[-1]
         image = bootable_image(cloud, ctx, image_id)
@@ -284,7 +285,7 @@ def _parse_create(request: Request, cloud: Cloud, ctx: Context, body: Any) -> Bu
     hints = body.get("OS-SCH-HNT:scheduler_hints") or body.get("os:scheduler_hints") or {}
     if not isinstance(hints, dict):
         raise ApiError(400, "Invalid input for field/attribute scheduler_hints: not an object")
-    check_create(cloud, ctx, server, flavor.body)
+    check_create(cloud, ctx, server, flavor.body, image if server.get("imageRef") else None)
     zone, force_host = _parse_zone(ctx, server.get("availability_zone"))
     force_host = pinned_host(cloud, ctx, server, force_host)
     if extras["hostname"] is not None and max_count > 1:
