@@ -180,3 +180,44 @@ def test_a_ledger_in_use_upgrades_from_0005_to_block_storage(engine: Engine) -> 
         assert release_storage(conn, "vol-1") is False
         assert [p.free_gb for p in pool_usage(conn)] == [10]
     assert audit(ledger) == []
+
+
+def test_ports_written_before_0007_are_found_by_their_device_after_it(engine: Engine) -> None:
+    """0007 indexes what a port refers to (its device): ports stored before it are filled in
+    by the upgrade, and every later write keeps the column what the body says."""
+    import json
+
+    from sqlalchemy import insert
+
+    from stowage.ledger.objects import ObjectStore
+    from stowage.ledger.schema import objects
+
+    migrate(engine, "0006")
+    with engine.begin() as conn:
+        for port_id, device in (("p-1", "vm-1"), ("p-2", "vm-2"), ("p-3", "")):
+            conn.execute(
+                insert(objects).values(
+                    kind="port",
+                    id=port_id,
+                    project_id="p",
+                    name="",
+                    created_at=1.0,
+                    updated_at=1.0,
+                    body=json.dumps({"id": port_id, "device_id": device}, sort_keys=True),
+                )
+            )
+    migrate(engine)
+    store = ObjectStore(engine)
+    assert [d.id for d in store.list("port", ref="vm-1")] == ["p-1"]
+    assert store.list("port", ref="") == []  # no device: no ref
+
+    # Every write path of the store keeps the ref to the body.
+    store.update("port", "p-3", {"id": "p-3", "device_id": "vm-1"})
+    assert [d.id for d in store.list("port", ref="vm-1")] == ["p-1", "p-3"]
+    assert store.swap("port", "p-1", store.get("port", "p-1").body, {"id": "p-1", "device_id": ""})
+    with engine.begin() as conn:
+        store.update_in(conn, "port", "p-2", {"id": "p-2", "device_id": "vm-1"})
+        store.create_in(conn, "port", "p-4", {"id": "p-4", "device_id": "vm-1"})
+    assert [d.id for d in store.list("port", ref="vm-1")] == ["p-2", "p-3", "p-4"]
+    with pytest.raises(ValueError):
+        store.list("network", ref="vm-1")  # networks keep no ref

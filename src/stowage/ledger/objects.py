@@ -34,6 +34,10 @@ class Document:
 class ObjectStore:
     """Put, get, list (filtered, paged by marker) and delete documents of one kind at a time."""
 
+    REFS: Mapping[str, str] = {"port": "device_id"}
+    """The body field each kind's `ref` column copies (indexed: `list(kind, ref=...)`). Every
+    write of this store sets it from the body it writes, so it can never disagree with it."""
+
     def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time) -> None:
         self.engine = engine
         self.clock = clock
@@ -90,6 +94,7 @@ class ObjectStore:
                 "created_at": now,
                 "updated_at": now,
                 "body": json.dumps(dict(body), sort_keys=True),
+                "ref": _ref(kind, body),
             },
         )
         return Document(kind, id, project_id, name, now, now, dict(body))
@@ -119,7 +124,11 @@ class ObjectStore:
         name: str | None = None,
     ) -> Document:
         now = self.clock()
-        values: dict[str, Any] = {"body": json.dumps(dict(body), sort_keys=True), "updated_at": now}
+        values: dict[str, Any] = {
+            "body": json.dumps(dict(body), sort_keys=True),
+            "updated_at": now,
+            "ref": _ref(kind, body),
+        }
         if project_id is not None:
             values["project_id"] = project_id
         if name is not None:
@@ -161,7 +170,11 @@ class ObjectStore:
         changed = conn.execute(
             update(objects)
             .where(objects.c.kind == kind, objects.c.id == id)
-            .values(body=json.dumps(dict(body), sort_keys=True), updated_at=self.clock())
+            .values(
+                body=json.dumps(dict(body), sort_keys=True),
+                updated_at=self.clock(),
+                ref=_ref(kind, body),
+            )
         ).rowcount
         if not changed:
             raise NotFound(f"{kind} {id} could not be found")
@@ -189,7 +202,11 @@ class ObjectStore:
                     objects.c.id == id,
                     objects.c.body == json.dumps(dict(old), sort_keys=True),
                 )
-                .values(body=json.dumps(dict(new), sort_keys=True), updated_at=self.clock())
+                .values(
+                    body=json.dumps(dict(new), sort_keys=True),
+                    updated_at=self.clock(),
+                    ref=_ref(kind, new),
+                )
             ).rowcount
         )
 
@@ -259,11 +276,17 @@ class ObjectStore:
         project_id: str | None = None,
         name: str | None = None,
         ids: Iterable[str] | None = None,
+        ref: str | None = None,
         limit: int | None = None,
         marker: str | None = None,
     ) -> list[Document]:
-        """Oldest first; `marker` is the id of the last document of the previous page."""
+        """Oldest first; `marker` is the id of the last document of the previous page; `ref`
+        (a kind of `REFS`) selects the documents whose body field says so, by the index."""
         query = select(objects).where(objects.c.kind == kind)
+        if ref is not None:
+            if kind not in self.REFS:
+                raise ValueError(f"{kind} documents keep no ref")
+            query = query.where(objects.c.ref == ref)
         if project_id is not None:
             query = query.where(objects.c.project_id == project_id)
         if name is not None:
@@ -289,6 +312,12 @@ class ObjectStore:
             if limit is not None:
                 query = query.limit(limit)
             return [_doc(row) for row in conn.execute(query)]
+
+
+def _ref(kind: str, body: Mapping[str, Any]) -> str | None:
+    field = ObjectStore.REFS.get(kind)
+    value = body.get(field) if field is not None else None
+    return str(value) if value else None
 
 
 def _doc(row: Any) -> Document:

@@ -233,7 +233,7 @@ changes = Table(
 
 # API-level resources (identity, flavors, images, networks, instances' descriptions, ...) as
 # JSON documents keyed by kind and id. What a claim owns never lives here: that is the
-# tables above. Name and project are columns so lists can filter and page on them.
+# tables above. Name, project and ref are columns so lists can filter and page on them.
 objects = Table(
     "objects",
     metadata,
@@ -244,8 +244,13 @@ objects = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     Column("body", Text, nullable=False),
+    # What a document of some kinds refers to, so that its holder's are found by an index
+    # (`ObjectStore.REFS`: a port's device): written by the store from the body, never by
+    # callers.
+    Column("ref", String(255), nullable=True),
     PrimaryKeyConstraint("kind", "id"),
     Index("ix_objects_kind_name", "kind", "name"),
+    Index("ix_objects_kind_ref", "kind", "ref"),
     Index("ix_objects_kind_project", "kind", "project_id"),
     Index("ix_objects_kind_created", "kind", "created_at", "id"),
 )
