@@ -7,7 +7,8 @@ Starts `stowage up` (SQLite, simulated hosts sized to the load, no quota, the AP
 as soon as a request is committed), issues one token, and then, with `--procs` load processes
 of `--clients` threads each sending plain HTTP:
 
-- creates `--servers` m1.tiny servers with no NIC and waits until every one is ACTIVE or
+- creates `--servers` m1.tiny servers with no NIC (with `--nics`, one port each on a /16
+  network made for the run) and waits until every one is ACTIVE or
   ERROR (read from the ledger's file, so the poll does not load the API); prints boots/s to a
   settled state, the ERROR count (a throughput figure must count them), and create latency
   percentiles;
@@ -276,7 +277,7 @@ def _load(args: tuple[str, str, str, str, int, int, Any]) -> tuple[list[float], 
     import concurrent.futures
     import resource
 
-    base, tok, kind, image, count, clients, _ = args
+    base, tok, kind, image, count, clients, network = args
     headers = {"X-Auth-Token": tok, "OpenStack-API-Version": "compute 2.96"}
     url = f"{base}/compute/v2.1"
 
@@ -291,7 +292,7 @@ def _load(args: tuple[str, str, str, str, int, int, Any]) -> tuple[list[float], 
                             "name": f"b{os.getpid()}-{i}",
                             "flavorRef": "1",
                             "imageRef": image,
-                            "networks": "none",
+                            "networks": [{"uuid": network}] if network else "none",
                         }
                     }
                     response = http.post(f"{url}/servers", json=body)
@@ -325,13 +326,20 @@ class Load:
 
 
 def drive(
-    load: Load, base: str, tok: str, kind: str, image: str, total: int, clients: int
+    load: Load,
+    base: str,
+    tok: str,
+    kind: str,
+    image: str,
+    total: int,
+    clients: int,
+    network: str | None = None,
 ) -> tuple[float, list[float], float]:
     """Wall seconds, latencies and the load generator's CPU seconds of one phase."""
     procs = load.procs
     shares = [total // procs + (1 if i < total % procs else 0) for i in range(procs)]
     start = time.perf_counter()
-    parts = load.pool.map(_load, [(base, tok, kind, image, n, clients, None) for n in shares])
+    parts = load.pool.map(_load, [(base, tok, kind, image, n, clients, network) for n in shares])
     elapsed = time.perf_counter() - start
     return elapsed, [x for part, _ in parts for x in part], sum(cpu for _, cpu in parts)
 
@@ -418,6 +426,23 @@ def claim_rate(hosts: int, instances: int, db_url: str) -> float:
     elapsed = time.perf_counter() - start
     ledger.close()
     return instances / elapsed
+
+
+def make_network(base: str, tok: str, project: str) -> str:
+    """A network whose /16 subnet holds every server's port, and no network quota: each
+    server boots with a NIC on it (`--nics`)."""
+    headers = {"X-Auth-Token": tok}
+    net = f"{base}/networking/v2.0"
+    unlimited = {"quota": {"network": -1, "subnet": -1, "port": -1}}
+    httpx.put(f"{net}/quotas/{project}", json=unlimited, headers=headers).raise_for_status()
+    made = httpx.post(f"{net}/networks", json={"network": {"name": "bench"}}, headers=headers)
+    made.raise_for_status()
+    network_id = str(made.json()["network"]["id"])
+    subnet = {"network_id": network_id, "ip_version": 4, "cidr": "10.64.0.0/16"}
+    httpx.post(
+        f"{net}/subnets", json={"subnet": subnet}, headers=headers, timeout=60
+    ).raise_for_status()
+    return network_id
 
 
 class Profiles:
@@ -530,6 +555,7 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
         quota = {"quota_set": {"instances": -1, "cores": -1, "ram": -1}}
         httpx.put(f"{base}/compute/v2.1/os-quota-sets/{project}", json=quota, headers=headers)
         image = httpx.get(f"{base}/image/v2/images", headers=headers).json()["images"][0]["id"]
+        network = make_network(base, tok, project) if args.nics else None
 
         cpu0 = cloud.cpu()
         get_s, get_lat, get_gen = drive(load, base, tok, "get", image, args.gets, args.clients)
@@ -555,7 +581,7 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
         profiles.start(label)
         start_t = time.perf_counter()
         create_s, lat, create_gen = drive(
-            load, base, tok, "create", image, args.servers, args.clients
+            load, base, tok, "create", image, args.servers, args.clients, network
         )
         create_cpu, create_kinds = cpu_since(cpu0, create_s, args.servers)
         until(settled, 900)
@@ -683,6 +709,11 @@ def main() -> None:
         type=Path,
         help="another checkout's src/ directory: measure it first, then this one, and "
         "print both side by side",
+    )
+    parser.add_argument(
+        "--nics",
+        action="store_true",
+        help="every server with a port on one network (a /16), instead of none",
     )
     parser.add_argument(
         "--production",

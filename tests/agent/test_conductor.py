@@ -114,6 +114,10 @@ def test_two_conductors_share_the_work_and_each_spawn_runs_once(
             spawned = [iid for op, iid in driver.calls if op == "spawn"]
             assert sorted(spawned) == sorted(ids)  # once each, whichever conductor drove it
             assert sorted(driver.running()) == sorted(ids)
+            for iid in ids:  # each create's action records its spawn, once
+                events = cloud.objects.get("instance_action", f"req-conductor:{iid}").body
+                spawns = [e for e in events["events"] if e["event"] == "compute_build_spawn"]
+                assert [(e["result"], e["host"]) for e in spawns] == [("Success", "host1")]
 
     asyncio.run(scenario())
     assert audit(cloud.ledger) == []

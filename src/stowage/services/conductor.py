@@ -549,8 +549,8 @@ class Conductor:
                 server_volumes.attached_ended(cloud, conn, op.instance_id, True)
                 self.ops.advance(conn, op.id, state="done", result=reply)
                 shelved = drop_shelved_image_in(cloud, conn, before)
+                _event(cloud, op, body, "Success", None, conn=conn)
             drop_image_data(cloud, shelved)
-            _event(cloud, op, body, "Success", None)
             return
         message = f"Build of instance {op.instance_id} aborted: {reply.get('error')}"
         body.update(status="ERROR", vm_state="error", power_state=0, task_state=None)
@@ -1059,13 +1059,25 @@ def _resting(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _event(
-    cloud: Cloud, op: Operation, body: dict[str, Any], result: str, message: str | None
+    cloud: Cloud,
+    op: Operation,
+    body: dict[str, Any],
+    result: str,
+    message: str | None,
+    *,
+    conn: Connection | None = None,
 ) -> None:
-    """The step's event on the instance action that started the operation."""
+    """The step's event on the instance action that started the operation; in the
+    transaction `conn` where the step's outcome commits, if given."""
     request_id = op.payload.get("request_id")
     if not request_id:
         return
-    doc = cloud.objects.find("instance_action", f"{request_id}:{op.instance_id}")
+    action_id = f"{request_id}:{op.instance_id}"
+    doc = (
+        cloud.objects.find("instance_action", action_id)
+        if conn is None
+        else cloud.objects.find_in(conn, "instance_action", action_id)
+    )
     if doc is None:
         return
     action = dict(doc.body)
@@ -1085,5 +1097,8 @@ def _event(
     ]
     if result == "Error":
         action["message"] = message
+    if conn is not None:
+        cloud.objects.update_in(conn, "instance_action", doc.id, action)
+        return
     with contextlib.suppress(NotFound):
         cloud.objects.update("instance_action", doc.id, action)
