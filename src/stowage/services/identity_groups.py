@@ -133,6 +133,20 @@ class GroupDirectory(IdentityDirectory):
     def member_ids(self, group_id: str) -> list[str]:
         return [d.body["user_id"] for d in self.objects.list(_MEMBER, name=group_id)]
 
+    def domains_of(self, user_id: str) -> list[Document]:
+        """The enabled domains the user holds a role on, its own or through a group (the
+        domains it may scope a token to, Keystone's /v3/auth/domains)."""
+        own = {d.id: d for d in super().domains_of(user_id)}
+        groups = {g.id for g in self.groups_of(user_id)}
+        ids = {
+            g.domain_id
+            for g in self.group_grants()
+            if g.group_id in groups and g.domain_id is not None and g.domain_id not in own
+        }
+        found = self.objects.list("domain", ids=ids) if ids else []
+        more = [d for d in found if d.body.get("enabled", True)]
+        return sorted([*own.values(), *more], key=lambda d: (d.created_at, d.id))
+
     def groups_of(self, user_id: str) -> list[Document]:
         ids = {
             d.body["group_id"] for d in self.objects.list(_MEMBER) if d.body["user_id"] == user_id

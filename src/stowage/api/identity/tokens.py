@@ -203,8 +203,18 @@ async def issue_token(request: Request) -> JSONResponse:
         token_ref = identity.get("token")
         token_id = token_ref.get("id", "") if isinstance(token_ref, dict) else ""
         user = cloud.objects.get("user", context_from_token(cloud, str(token_id)).user_id)
-        # A rescoped token expires with its parent and carries its audit chain (Keystone's).
+        # A rescoped token expires with its parent and carries its audit chain, and names
+        # the parent's methods beside "token" (Keystone's: how the user first proved itself).
         parent = cloud.tokens.validate(str(token_id))
+        if app_credentials.METHOD in parent.methods:
+            # Its access rules and roles bind the credential's own tokens only: a token
+            # made from one would shed them.
+            raise ApiError(
+                403,
+                "You are not authorized to perform the requested action: using a token "
+                "issued from an application credential to obtain another token.",
+            )
+        methods += [m for m in parent.methods if m not in methods]
     elif app_credentials.METHOD in methods:
         return await _issue_for_credential(cloud, identity.get(app_credentials.METHOD), scope)
     else:
