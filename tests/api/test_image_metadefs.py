@@ -162,6 +162,30 @@ def test_a_rename_keeps_the_contents_and_refuses_a_taken_name(admin: Glance) -> 
         assert admin.delete(f"{NS}/{ns}").status_code == 204
 
 
+def test_a_show_for_a_resource_type_prefixes_the_property_names(admin: Glance) -> None:  # noqa: F811
+    name = unique("pre")
+    made = admin.post(
+        NS,
+        {
+            "namespace": name,
+            "resource_type_associations": [{"name": "OS::Nova::Flavor", "prefix": "hw:"}],
+            "properties": {"cpu_policy": {"title": "CPU policy", "type": "string"}},
+            "objects": [
+                {"name": "o", "properties": {"mem": {"title": "Memory", "type": "integer"}}}
+            ],
+        },
+    )
+    assert made.status_code == 201, made.text
+    plain = admin.get(f"{NS}/{name}").json()
+    assert list(plain["properties"]) == ["cpu_policy"]
+    flavor = admin.get(f"{NS}/{name}", params={"resource_type": "OS::Nova::Flavor"}).json()
+    assert list(flavor["properties"]) == ["hw:cpu_policy"]
+    assert list(flavor["objects"][0]["properties"]) == ["hw:mem"]
+    other = admin.get(f"{NS}/{name}", params={"resource_type": "OS::Glance::Image"}).json()
+    assert list(other["properties"]) == ["cpu_policy"]
+    assert admin.delete(f"{NS}/{name}").status_code == 204
+
+
 def test_a_protected_namespace_keeps_what_it_holds(admin: Glance) -> None:  # noqa: F811
     name = unique("prot")
     admin.post(NS, {"namespace": name, "protected": True, "tags": [{"name": "t"}]})

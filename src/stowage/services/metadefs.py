@@ -216,9 +216,15 @@ def render_tag(name: str, part: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": name, **part}
 
 
-def render_namespace(body: Mapping[str, Any], *, contents: bool) -> dict[str, Any]:
-    """A namespace as glance shows it: in a list without its objects, properties and tags."""
+def render_namespace(
+    body: Mapping[str, Any], *, contents: bool, resource_type: str | None = None
+) -> dict[str, Any]:
+    """A namespace as glance shows it: in a list without its objects, properties and tags.
+    For a `resource_type` it is associated with, property names carry that association's
+    prefix (Glance's show with `?resource_type=`: `hw:` before a flavor's properties)."""
     name = body["namespace"]
+    association = body["resource_type_associations"].get(resource_type or "") or {}
+    prefix = str(association.get("prefix") or "")
     out: dict[str, Any] = {
         key: body.get(key)
         for key in (
@@ -239,11 +245,13 @@ def render_namespace(body: Mapping[str, Any], *, contents: bool) -> dict[str, An
         ]
     if contents:
         if body["properties"]:
-            out["properties"] = {k: _drop_none(dict(v)) for k, v in body["properties"].items()}
+            out["properties"] = {
+                prefix + k: _drop_none(dict(v)) for k, v in body["properties"].items()
+            }
         if body["objects"]:
             out["objects"] = [
                 {
-                    x: y
+                    x: ({prefix + p: d for p, d in y.items()} if x == "properties" else y)
                     for x, y in render_object(name, k, v).items()
                     if x not in ("schema", "self", "created_at", "updated_at")
                 }

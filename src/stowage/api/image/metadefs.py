@@ -75,7 +75,8 @@ async def create_namespace(request: Request, ctx: Caller) -> JSONResponse:
 @router.get(NAMESPACE)
 async def show_namespace(namespace: str, request: Request, ctx: Caller) -> JSONResponse:
     body = svc.get_namespace(cloud_of(request), ctx, namespace)
-    return _json(svc.render_namespace(body, contents=True))
+    resource_type = request.query_params.get("resource_type")
+    return _json(svc.render_namespace(body, contents=True, resource_type=resource_type))
 
 
 @router.put(NAMESPACE)
