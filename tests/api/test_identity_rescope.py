@@ -1,6 +1,7 @@
 """Keystone's token method and the scopes a user may ask for: a rescoped token names how the
-user first proved itself, an application credential's token is not rescoped, and
-/v3/auth/domains counts the domains a group gives a role on."""
+user first proved itself, an application credential's token is not rescoped,
+/v3/auth/domains counts the domains a group gives a role on, and a role on a domain gives a
+domain-scoped token."""
 
 from __future__ import annotations
 
@@ -25,13 +26,19 @@ def _by_token(cloud: RunningCloud, token: str, project_id: str) -> httpx.Respons
     )
 
 
+def _member_of_two(admin: Admin, prefix: str) -> tuple[dict[str, Any], str, list[dict[str, Any]]]:
+    """A new user, its password, and two projects it is a member of."""
+    password = f"pw-{prefix}"
+    user = admin.user(unique(prefix), password)
+    projects = [admin.project(unique("p")) for _ in range(2)]
+    for project in projects:
+        admin.grant(project["id"], user["id"], "member")
+    return user, password, projects
+
+
 def test_a_rescoped_token_names_the_first_method_and_keeps_the_expiry(cloud: RunningCloud) -> None:
     admin = Admin(cloud)
-    name, password = unique("resc"), "pw-resc"
-    user = admin.user(name, password)
-    first, second = admin.project(unique("p1")), admin.project(unique("p2"))
-    for project in (first, second):
-        admin.grant(project["id"], user["id"], "member")
+    user, password, (first, second) = _member_of_two(admin, "resc")
     unscoped = _tokens(
         cloud,
         {
@@ -60,12 +67,8 @@ def test_a_rescoped_token_names_the_first_method_and_keeps_the_expiry(cloud: Run
 
 def test_an_application_credential_token_is_not_rescoped(cloud: RunningCloud) -> None:
     admin = Admin(cloud)
-    name, password = unique("acr"), "pw-acr"
-    user = admin.user(name, password)
-    project, other = admin.project(unique("p")), admin.project(unique("o"))
-    for each in (project, other):
-        admin.grant(each["id"], user["id"], "member")
-    own = {"X-Auth-Token": login(cloud, name, password, project["name"])}
+    user, password, (project, other) = _member_of_two(admin, "acr")
+    own = {"X-Auth-Token": login(cloud, user["name"], password, project["name"])}
     made = httpx.post(
         f"{cloud.base_url}/identity/v3/users/{user['id']}/application_credentials",
         json={"application_credential": {"name": unique("c")}},
@@ -121,4 +124,102 @@ def test_auth_domains_lists_the_domains_of_the_users_and_its_groups_grants(
         f"{cloud.base_url}/identity/v3/auth/domains", headers={"X-Auth-Token": token}
     )
     assert {d["id"] for d in listed.json()["domains"]} == {domains[0]}
+    admin("DELETE", f"/users/{user['id']}")
+
+
+def _domain_token(
+    cloud: RunningCloud, user_id: str, password: str, domain: dict[str, str]
+) -> httpx.Response:
+    return _tokens(
+        cloud,
+        {
+            "identity": {
+                "methods": ["password"],
+                "password": {"user": {"id": user_id, "password": password}},
+            },
+            "scope": {"domain": domain},
+        },
+    )
+
+
+def test_a_role_on_a_domain_gives_a_token_scoped_to_it(cloud: RunningCloud) -> None:
+    admin = Admin(cloud)
+    name, password = unique("dsc"), "pw-dsc"
+    user = admin.user(name, password)
+    project = admin.project(unique("p"))
+    admin.grant(project["id"], user["id"], "member")
+    own, via_group, none = (
+        admin("POST", "/domains", {"domain": {"name": unique("d")}}).json()["domain"]
+        for _ in range(3)
+    )
+    reader, member = admin.role_id("reader"), admin.role_id("member")
+    assert (
+        admin("PUT", f"/domains/{own['id']}/users/{user['id']}/roles/{member}").status_code == 204
+    )
+    group = admin("POST", "/groups", {"group": {"name": unique("g")}}).json()["group"]["id"]
+    admin("PUT", f"/groups/{group}/users/{user['id']}")
+    admin("PUT", f"/domains/{via_group['id']}/groups/{group}/roles/{reader}")
+
+    issued = _domain_token(cloud, user["id"], password, {"name": own["name"]})
+    assert issued.status_code == 201, issued.text
+    body = issued.json()["token"]
+    assert body["domain"] == {"id": own["id"], "name": own["name"]}
+    assert "project" not in body and "system" not in body
+    # The member role implies reader (Keystone's default inference rules).
+    assert {r["name"] for r in body["roles"]} == {"member", "reader"}
+    token = issued.headers["x-subject-token"]
+    shown = httpx.get(
+        f"{cloud.base_url}/identity/v3/auth/tokens",
+        headers={"X-Auth-Token": token, "X-Subject-Token": token},
+    )
+    assert shown.status_code == 200 and shown.json()["token"]["domain"]["id"] == own["id"]
+
+    grouped = _domain_token(cloud, user["id"], password, {"id": via_group["id"]})
+    assert grouped.status_code == 201, grouped.text
+    assert [r["name"] for r in grouped.json()["token"]["roles"]] == ["reader"]
+    assert _domain_token(cloud, user["id"], password, {"id": none["id"]}).status_code == 401
+    assert _domain_token(cloud, user["id"], password, {"id": "nope"}).status_code == 401
+    assert _domain_token(cloud, user["id"], password, {}).status_code == 400
+
+    # It is rescoped to a project like any other token.
+    rescoped = _by_token(cloud, token, project["id"])
+    assert (
+        rescoped.status_code == 201 and rescoped.json()["token"]["project"]["id"] == project["id"]
+    )
+    # Losing the role on the domain revokes the token, as for a project.
+    admin("DELETE", f"/domains/{own['id']}/users/{user['id']}/roles/{member}")
+    assert (
+        httpx.get(
+            f"{cloud.base_url}/identity/v3/auth/tokens",
+            headers={"X-Auth-Token": token, "X-Subject-Token": token},
+        ).status_code
+        == 401
+    )
+    admin("DELETE", f"/users/{user['id']}")
+
+
+def test_a_domain_admin_token_is_not_a_cloud_admin(cloud: RunningCloud) -> None:
+    """The token shows the admin role on the domain; it manages nothing with it (Keystone's
+    domain management policies are not offered), and other services refuse it."""
+    admin = Admin(cloud)
+    name, password = unique("dad"), "pw-dad"
+    user = admin.user(name, password)
+    domain = admin("POST", "/domains", {"domain": {"name": unique("d")}}).json()["domain"]
+    role = admin.role_id("admin")
+    admin("PUT", f"/domains/{domain['id']}/users/{user['id']}/roles/{role}")
+    issued = _domain_token(cloud, user["id"], password, {"id": domain["id"]})
+    assert issued.status_code == 201, issued.text
+    assert "admin" in {r["name"] for r in issued.json()["token"]["roles"]}
+    as_domain = Admin(cloud, issued.headers["x-subject-token"])
+    made = as_domain("POST", "/projects", {"project": {"name": unique("x")}})
+    assert made.status_code == 403, made.text
+    assert as_domain("GET", f"/users/{user['id']}").status_code == 200  # its own user
+    listed = as_domain("GET", "/users")
+    assert listed.status_code == 200, listed.text
+    assert [u["id"] for u in listed.json()["users"]] == [user["id"]]  # only its own user
+    servers = httpx.get(
+        f"{cloud.base_url}/compute/v2.1/servers",
+        headers={"X-Auth-Token": issued.headers["x-subject-token"]},
+    )
+    assert servers.status_code == 401
     admin("DELETE", f"/users/{user['id']}")

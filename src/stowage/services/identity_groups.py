@@ -26,6 +26,8 @@ from stowage.services.identity import (
     IdentityDirectory,
     check_name,
     check_text,
+    domain_scope_key,
+    implied_closure,
 )
 
 __all__ = ["GroupDirectory", "GroupGrant", "group_role_ids"]
@@ -147,6 +149,17 @@ class GroupDirectory(IdentityDirectory):
         more = [d for d in found if d.body.get("enabled", True)]
         return sorted([*own.values(), *more], key=lambda d: (d.created_at, d.id))
 
+    def domain_roles_of(self, user_id: str, domain_id: str) -> tuple[str, ...]:
+        """The names of the roles the user holds on the domain, its own and its groups',
+        with what they imply: a domain-scoped token's roles (inherited grants are for the
+        projects below, not the domain itself, as in Keystone)."""
+        role_ids = [g.role_id for g in self.grants(user_id=user_id, domain_id=domain_id)]
+        groups = {g.id for g in self.groups_of(user_id)}
+        role_ids += [
+            g.role_id for g in self.group_grants(domain_id=domain_id) if g.group_id in groups
+        ]
+        return tuple(sorted({r.name or "" for r in implied_closure(self.cloud, role_ids)}))
+
     def groups_of(self, user_id: str) -> list[Document]:
         ids = {
             d.body["group_id"] for d in self.objects.list(_MEMBER) if d.body["user_id"] == user_id
@@ -240,7 +253,11 @@ class GroupDirectory(IdentityDirectory):
         self._revoke_members(self.member_ids(group_id), grant)
 
     def _revoke_members(self, user_ids: list[str], grant: GroupGrant) -> None:
-        if grant.project_id is None:
+        if grant.project_id is not None:
+            scope = grant.project_id
+        elif grant.domain_id is not None:
+            scope = domain_scope_key(grant.domain_id)
+        else:
             return
         for user_id in user_ids:
-            self.revoke_tokens(user_id=user_id, project_id=grant.project_id)
+            self.revoke_tokens(user_id=user_id, project_id=scope)
