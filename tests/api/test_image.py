@@ -36,8 +36,12 @@ class Glance:
     def get(self, path: str, **kw: Any) -> httpx.Response:
         return httpx.get(f"{self.base}{path}", headers=self.headers, **kw)
 
-    def post(self, path: str, body: Any = None) -> httpx.Response:
-        return httpx.post(f"{self.base}{path}", headers=self.headers, json=body)
+    def post(
+        self, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> httpx.Response:
+        return httpx.post(
+            f"{self.base}{path}", headers={**self.headers, **(headers or {})}, json=body
+        )
 
     def put(self, path: str, **kw: Any) -> httpx.Response:
         headers = {**self.headers, **kw.pop("headers", {})}

@@ -31,22 +31,6 @@ def test_keystone_core_apis_not_offered_are_501_and_extensions_404(
         assert response.json()["error"]["title"] == "Not Implemented"
     for path in _KEYSTONE_EXTENSIONS:
         assert httpx.get(f"{base}{path}", headers=headers).status_code == 404, path
-    domain_scope = {
-        "auth": {
-            "identity": {
-                "methods": ["password"],
-                "password": {
-                    "user": {
-                        "name": "admin",
-                        "domain": {"id": "default"},
-                        "password": "stowage-admin",
-                    }
-                },
-            },
-            "scope": {"domain": {"id": "default"}},
-        }
-    }
-    assert httpx.post(f"{base}/auth/tokens", json=domain_scope).status_code == 501
 
 
 def test_neutron_resources_of_extensions_not_advertised_are_404(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 
 from stowage.api.common import ApiError, Context
@@ -41,18 +43,26 @@ def _validate(cloud: Cloud, token: str) -> Context:
     if user is None or not user.body.get("enabled", True):
         raise ApiError(401, "The user of this token is gone or disabled.")
     project = cloud.objects.find("project", payload.project_id)
+    extras: dict[str, Any] = {}
+    if "application_credential" in payload.methods:
+        extras["application_credential"] = True
+    roles = frozenset(payload.roles)
+    if payload.domain_id:
+        # A domain-scoped token shows its roles on the domain but authorizes no more than
+        # an unscoped one: Keystone's domain-wide management policies are not offered, and
+        # a role on a domain must not pass for the same role on the whole cloud.
+        extras.update(domain_scope=payload.domain_id, domain_roles=payload.roles)
+        roles = frozenset()
     return Context(
         user_id=payload.user_id,
         user_name=user.name or "",
         project_id=payload.project_id,
         project_name=project.name if project is not None and project.name else "",
-        roles=frozenset(payload.roles),
+        roles=roles,
         token=token,
         audit_id=payload.audit_id,
         expires_at=payload.expires_at,
-        extras={"application_credential": True}
-        if "application_credential" in payload.methods
-        else {},
+        extras=extras,
     )
 
 

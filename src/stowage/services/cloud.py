@@ -184,6 +184,11 @@ def bootstrap(cloud: Cloud) -> None:
     this (`services.runtime.open_cloud`), so one bootstraps and the others find it done.
     """
     objects = cloud.objects
+    # metadefs change namespaces through services.documents, which needs this module.
+    from stowage.services.metadefs import bootstrap_metadefs
+
+    # Before the early return: a cloud bootstrapped before metadefs existed gets them too.
+    bootstrap_metadefs(cloud)
     if objects.find("domain", DEFAULT_DOMAIN) is not None:
         return
 

@@ -21,6 +21,7 @@ __all__ = [
     "Grant",
     "IdentityDirectory",
     "Unauthorized",
+    "domain_scope_key",
 ]
 
 # Keystone's default inference rules (keystone-manage bootstrap): each role implies the next.
@@ -58,6 +59,12 @@ def inference_rules(cloud: Cloud, roles: Iterable[Document] | None = None) -> li
         (str(d.body["prior_role_id"]), str(d.body["implied_role_id"]))
         for d in cloud.objects.list(INFERENCE)
     ]
+
+
+def domain_scope_key(domain_id: str) -> str:
+    """What a domain-scoped token is recorded under in place of a project id, so that the
+    loss of a role on the domain revokes it as the loss of one on a project does."""
+    return f"domain:{domain_id}"
 
 
 def implied_closure(cloud: Cloud, role_ids: Iterable[str]) -> list[Document]:
@@ -921,6 +928,8 @@ class IdentityDirectory:
         """A token carries its roles: one whose grant is gone must go too."""
         if grant.project_id is not None:
             self.revoke_tokens(user_id=grant.user_id, project_id=grant.project_id)
+        elif grant.domain_id is not None:
+            self.revoke_tokens(user_id=grant.user_id, project_id=domain_scope_key(grant.domain_id))
 
     def effective(self, grants: Iterable[Grant]) -> Iterator[tuple[Grant, Grant | None]]:
         """Each grant, then the roles it implies (by the inference rules), each paired with the

@@ -26,6 +26,8 @@ from stowage.services.identity import (
     IdentityDirectory,
     check_name,
     check_text,
+    domain_scope_key,
+    implied_closure,
 )
 
 __all__ = ["GroupDirectory", "GroupGrant", "group_role_ids"]
@@ -133,6 +135,31 @@ class GroupDirectory(IdentityDirectory):
     def member_ids(self, group_id: str) -> list[str]:
         return [d.body["user_id"] for d in self.objects.list(_MEMBER, name=group_id)]
 
+    def domains_of(self, user_id: str) -> list[Document]:
+        """The enabled domains the user holds a role on, its own or through a group (the
+        domains it may scope a token to, Keystone's /v3/auth/domains)."""
+        own = {d.id: d for d in super().domains_of(user_id)}
+        groups = {g.id for g in self.groups_of(user_id)}
+        ids = {
+            g.domain_id
+            for g in self.group_grants()
+            if g.group_id in groups and g.domain_id is not None and g.domain_id not in own
+        }
+        found = self.objects.list("domain", ids=ids) if ids else []
+        more = [d for d in found if d.body.get("enabled", True)]
+        return sorted([*own.values(), *more], key=lambda d: (d.created_at, d.id))
+
+    def domain_roles_of(self, user_id: str, domain_id: str) -> tuple[str, ...]:
+        """The names of the roles the user holds on the domain, its own and its groups',
+        with what they imply: a domain-scoped token's roles (inherited grants are for the
+        projects below, not the domain itself, as in Keystone)."""
+        role_ids = [g.role_id for g in self.grants(user_id=user_id, domain_id=domain_id)]
+        groups = {g.id for g in self.groups_of(user_id)}
+        role_ids += [
+            g.role_id for g in self.group_grants(domain_id=domain_id) if g.group_id in groups
+        ]
+        return tuple(sorted({r.name or "" for r in implied_closure(self.cloud, role_ids)}))
+
     def groups_of(self, user_id: str) -> list[Document]:
         ids = {
             d.body["group_id"] for d in self.objects.list(_MEMBER) if d.body["user_id"] == user_id
@@ -226,7 +253,11 @@ class GroupDirectory(IdentityDirectory):
         self._revoke_members(self.member_ids(group_id), grant)
 
     def _revoke_members(self, user_ids: list[str], grant: GroupGrant) -> None:
-        if grant.project_id is None:
+        if grant.project_id is not None:
+            scope = grant.project_id
+        elif grant.domain_id is not None:
+            scope = domain_scope_key(grant.domain_id)
+        else:
             return
         for user_id in user_ids:
-            self.revoke_tokens(user_id=user_id, project_id=grant.project_id)
+            self.revoke_tokens(user_id=user_id, project_id=scope)

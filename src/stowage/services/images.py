@@ -39,6 +39,7 @@ __all__ = [
     "CIRROS_NAME",
     "CONTAINER_FORMATS",
     "DISK_FORMATS",
+    "MEMBER_STATUSES",
     "Caller",
     "Change",
     "ImageConflict",

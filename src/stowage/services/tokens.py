@@ -66,6 +66,8 @@ class TokenPayload:
     methods: tuple[str, ...] = ("password",)
     # The first token of a chain of rescopings (Keystone's audit_chain_id); empty for the first.
     audit_chain_id: str = ""
+    # A domain-scoped token's domain (project_id is then empty); empty for any other.
+    domain_id: str = ""
 
     @property
     def audit_ids(self) -> list[str]:
@@ -105,6 +107,7 @@ class Tokens:
         *,
         methods: tuple[str, ...],
         parent: TokenPayload | None = None,
+        domain_id: str = "",
     ) -> tuple[str, TokenPayload]:
         """A new token; one rescoped from `parent` keeps its expiry and joins its audit chain,
         so a token cannot be renewed for ever by rescoping it (as in Keystone)."""
@@ -118,6 +121,7 @@ class Tokens:
             audit_id=secrets.token_urlsafe(16),
             methods=methods,
             audit_chain_id="" if parent is None else parent.audit_chain_id or parent.audit_id,
+            domain_id=domain_id,
         )
         raw = json.dumps(
             {
@@ -129,6 +133,7 @@ class Tokens:
                 "a": payload.audit_id,
                 "m": list(payload.methods),
                 "c": payload.audit_chain_id,
+                "d": payload.domain_id,
             }
         ).encode()
         return self._fernet.encrypt(raw).decode(), payload
@@ -148,6 +153,7 @@ class Tokens:
             audit_id=data["a"],
             methods=tuple(data.get("m", ["password"])),
             audit_chain_id=str(data.get("c", "")),
+            domain_id=str(data.get("d", "")),
         )
         if payload.expires_at <= self.clock():
             raise TokenError("The token has expired.")

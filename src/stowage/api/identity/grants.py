@@ -533,7 +533,7 @@ async def list_auth_projects(request: Request) -> JSONResponse:
 async def list_auth_domains(request: Request) -> JSONResponse:
     who = caller(request)
     base = base_of(request)
-    docs = who.directory.domains_of(who.ctx.user_id)
+    docs = GroupDirectory(who.directory.cloud).domains_of(who.ctx.user_id)
     page = collection(request, "domains", docs, lambda d: domain_view(base, d), path="auth/domains")
     return JSONResponse(page)
 

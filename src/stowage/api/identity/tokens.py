@@ -17,7 +17,8 @@ from stowage.ledger.objects import Document
 from stowage.services import app_credentials
 from stowage.services.catalog import catalog_of
 from stowage.services.cloud import DEFAULT_DOMAIN, Cloud
-from stowage.services.identity import IdentityDirectory, Unauthorized
+from stowage.services.identity import IdentityDirectory, Unauthorized, domain_scope_key
+from stowage.services.identity_groups import GroupDirectory
 from stowage.services.identity_system import system_roles_of
 
 __all__ = ["router", "token_body"]
@@ -71,6 +72,28 @@ def _wants_system(scope: Any) -> bool:
     return True
 
 
+def _wanted_domain(cloud: Cloud, scope: Any) -> Document | None:
+    """The domain a domain-scoped request names ({"domain": {"id"|"name"}}), or None when
+    the scope is not a domain's; 401 for one that is missing or disabled, as Keystone."""
+    if not isinstance(scope, dict) or "domain" not in scope:
+        return None
+    ref = scope["domain"]
+    if not isinstance(ref, dict) or not (ref.get("id") or ref.get("name")):
+        raise ApiError(400, "Invalid input for field 'scope/domain': name or id required")
+    if ref.get("id"):
+        domain = cloud.objects.find("domain", str(ref["id"]))
+    else:
+        try:
+            domain = cloud.find_by_name("domain", str(ref["name"]))
+        except NotFound:
+            domain = None
+    if domain is None:
+        raise ApiError(401, f"Could not find domain: {ref.get('id') or ref.get('name')}.")
+    if not domain.body.get("enabled", True):
+        raise ApiError(401, f"Domain is disabled: {domain.id}.")
+    return domain
+
+
 def _resolve_project(cloud: Cloud, scope: Any, user: Document) -> Document | None:
     """The project to scope to: the one asked for, or else the user's default project; None
     for an unscoped token (no scope and no default project)."""
@@ -82,9 +105,6 @@ def _resolve_project(cloud: Cloud, scope: Any, user: Document) -> Document | Non
         if project is None:
             raise ApiError(401, f"Could not find the default project {default} of the user.")
         return project
-    if isinstance(scope, dict) and "domain" in scope:
-        # A valid request in Keystone, not carried out here: a 501, not a 400 that blames it.
-        raise ApiError(501, "Domain-scoped tokens are not implemented here.")
     if not isinstance(scope, dict) or not isinstance(scope.get("project"), dict):
         raise ApiError(400, "Only project scope is supported.")
     ref = scope["project"]
@@ -132,10 +152,21 @@ def token_body(
             "password_expires_at": None,
         },
     }
+    role_ids = {d.name: d.id for d in cloud.objects.list("role")}
+    domain_scope = ctx.extras.get("domain_scope")
+    if domain_scope:
+        held = sorted(ctx.extras.get("domain_roles", ()))
+        return {
+            "token": {
+                **who,
+                "domain": _domain_ref(cloud, str(domain_scope)),
+                "roles": [{"id": role_ids.get(r, r), "name": r} for r in held],
+                "catalog": catalog_of(cloud, None),
+            }
+        }
     if ctx.project_id == "" and not ctx.roles:
         # Unscoped (Keystone's): who and until when, no scope, roles or catalog.
         return {"token": who}
-    role_ids = {d.name: d.id for d in cloud.objects.list("role")}
     return {
         "token": {
             **who,
@@ -203,39 +234,64 @@ async def issue_token(request: Request) -> JSONResponse:
         token_ref = identity.get("token")
         token_id = token_ref.get("id", "") if isinstance(token_ref, dict) else ""
         user = cloud.objects.get("user", context_from_token(cloud, str(token_id)).user_id)
-        # A rescoped token expires with its parent and carries its audit chain (Keystone's).
+        # A rescoped token expires with its parent and carries its audit chain, and names
+        # the parent's methods beside "token" (Keystone's: how the user first proved itself).
         parent = cloud.tokens.validate(str(token_id))
+        if app_credentials.METHOD in parent.methods:
+            # Its access rules and roles bind the credential's own tokens only: a token
+            # made from one would shed them.
+            raise ApiError(
+                403,
+                "You are not authorized to perform the requested action: using a token "
+                "issued from an application credential to obtain another token.",
+            )
+        methods += [m for m in parent.methods if m not in methods]
     elif app_credentials.METHOD in methods:
         return await _issue_for_credential(cloud, identity.get(app_credentials.METHOD), scope)
     else:
         raise ApiError(401, f"Unsupported authentication methods: {methods}")
     try:
         directory.check_user_may_log_in(user)
-        if _wants_system(scope):
-            project_id, roles = "", system_roles_of(cloud, user.id)
-            if not roles:
-                raise Unauthorized(f"The user {user.id} has no role on the system.")
-        else:
-            project = _resolve_project(cloud, scope, user)
-            if project is None:  # unscoped: no project, no roles, no catalog
-                project_id, roles = "", ()
-            else:
-                directory.check_project_usable(project)
-                project_id, roles = project.id, cloud.roles_of(user.id, project.id)
-                if not roles:
-                    raise Unauthorized(f"The user {user.id} has no role on project {project.id}.")
+        project_id, domain_id, roles = _scope_and_roles(cloud, directory, user, scope)
     except Unauthorized as exc:
         raise ApiError(401, exc.message) from None
     token, payload = cloud.tokens.issue(
-        user.id, project_id, roles, methods=tuple(methods), parent=parent
+        user.id, project_id, roles, methods=tuple(methods), parent=parent, domain_id=domain_id
     )
-    directory.record_token(payload.audit_id, user.id, project_id, payload.expires_at)
+    scope_key = domain_scope_key(domain_id) if domain_id else project_id
+    directory.record_token(payload.audit_id, user.id, scope_key, payload.expires_at)
     ctx = context_from_token(cloud, token)
     return JSONResponse(
         token_body(cloud, ctx, payload.issued_at, methods, payload.audit_ids),
         status_code=201,
         headers={"X-Subject-Token": token},
     )
+
+
+def _scope_and_roles(
+    cloud: Cloud, directory: IdentityDirectory, user: Document, scope: Any
+) -> tuple[str, str, tuple[str, ...]]:
+    """The project id and domain id a token is scoped to (both empty: system-scoped with
+    roles, unscoped without) and its roles; Unauthorized without a role there."""
+    domain = _wanted_domain(cloud, scope)
+    if _wants_system(scope):
+        roles = system_roles_of(cloud, user.id)
+        if not roles:
+            raise Unauthorized(f"The user {user.id} has no role on the system.")
+        return "", "", roles
+    if domain is not None:
+        roles = GroupDirectory(cloud).domain_roles_of(user.id, domain.id)
+        if not roles:
+            raise Unauthorized(f"The user {user.id} has no role on domain {domain.id}.")
+        return "", domain.id, roles
+    project = _resolve_project(cloud, scope, user)
+    if project is None:  # unscoped: no project, no roles, no catalog
+        return "", "", ()
+    directory.check_project_usable(project)
+    roles = cloud.roles_of(user.id, project.id)
+    if not roles:
+        raise Unauthorized(f"The user {user.id} has no role on project {project.id}.")
+    return project.id, "", roles
 
 
 async def _issue_for_credential(cloud: Cloud, ref: Any, scope: Any) -> JSONResponse:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, FastAPI, Request
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import image_error, install_common
-from stowage.api.image import images
+from stowage.api.image import images, metadefs
 from stowage.api.responses import JSONResponse
 from stowage.services.cloud import Cloud
 
@@ -35,4 +35,5 @@ def create_image_app(cloud: Cloud) -> FastAPI:
     install_common(app, image_error)
     app.include_router(discovery)
     app.include_router(images.router, prefix="/v2")
+    app.include_router(metadefs.router, prefix="/v2")
     return app

@@ -15,11 +15,11 @@ from starlette.requests import ClientDisconnect
 
 from stowage.api.auth import cloud_of, require_context, require_writer
 from stowage.api.common import ApiError, Context, json_body, on_loop, parse_limit
-from stowage.api.image.schemas import image_schema, images_schema
+from stowage.api.image.schemas import image_schema, images_schema, member_schema, members_schema
 from stowage.api.responses import JSONResponse
 from stowage.services import images as svc
 
-__all__ = ["router"]
+__all__ = ["LIMIT_DEFAULT", "LIMIT_MAX", "ImageRoute", "router"]
 
 LIMIT_DEFAULT = 25
 LIMIT_MAX = 1000
@@ -31,7 +31,7 @@ PATCH_TYPES = {
 }
 
 
-class _ImageRoute(APIRoute):
+class ImageRoute(APIRoute):
     """Render the image service's refusals (403, 410, 413 too) in glance's error shape."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -46,7 +46,7 @@ class _ImageRoute(APIRoute):
         return translated
 
 
-router = APIRouter(route_class=_ImageRoute)
+router = APIRouter(route_class=ImageRoute)
 Reader = Annotated[Context, Depends(require_context)]
 Writer = Annotated[Context, Depends(require_writer)]
 
@@ -93,7 +93,7 @@ def _sort(items: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return pairs
 
 
-_NOT_FILTERS = {"limit", "marker", "sort", "sort_key", "sort_dir", "tag", "member_status"}
+_NOT_FILTERS = {"limit", "marker", "sort", "sort_key", "sort_dir", "tag"}
 
 
 @router.get("/images")
@@ -133,6 +133,13 @@ async def create_image(request: Request, ctx: Writer) -> JSONResponse:
         status_code=201,
         headers={"Location": f"{cloud_of(request).config.base_url}/image/v2/images/{image['id']}"},
     )
+
+
+@router.get("/images/")
+@router.delete("/images/")
+async def image_without_id(ctx: Reader) -> JSONResponse:
+    """An empty image id (`/v2/images/`) names no image: 404 as glance, not the list."""
+    raise ApiError(404, "No image found with ID ")
 
 
 @router.get("/images/{image_id}")
@@ -254,6 +261,51 @@ async def upload_data(image_id: str, request: Request, ctx: Writer) -> Response:
     return Response(status_code=204)
 
 
+@router.put("/images/{image_id}/stage")
+async def stage_data(image_id: str, ctx: Writer) -> JSONResponse:
+    """Glance's answer when the glance-direct import method is not enabled."""
+    raise ApiError(404, "'glance-direct' method is not available at this site.")
+
+
+@router.post("/images/{image_id}/import")
+async def import_image(image_id: str, request: Request, ctx: Writer) -> JSONResponse:
+    """Interoperable import is not offered: no import method is enabled, and glance with
+    `enabled_import_methods = []` refuses each by name as it reads the body."""
+    body = await json_body(request)
+    method = body.get("method") if isinstance(body, dict) else None
+    if not isinstance(method, dict):
+        raise ApiError(400, "Import request requires a 'method' field.")
+    if "name" not in method:
+        raise ApiError(400, "Import request requires a 'name' field.")
+    raise ApiError(400, f"Unknown import method name '{method['name']}'.")
+
+
+@router.post("/tasks")
+async def create_task(ctx: Writer) -> JSONResponse:
+    """Glance's tasks (import from a URL, conversion) are not offered."""
+    raise ApiError(501, "Image tasks are not offered here: upload image data instead.")
+
+
+@router.get("/info/import")
+async def info_import(ctx: Reader) -> JSONResponse:
+    """The import methods enabled here: none (data arrive by upload only)."""
+    return _json(
+        {
+            "import-methods": {
+                "description": "Import methods available.",
+                "type": "array",
+                "value": [],
+            }
+        }
+    )
+
+
+@router.get("/info/stores")
+async def info_stores(ctx: Reader) -> JSONResponse:
+    """One store, so no multi-store API: glance without `enabled_backends` answers 404."""
+    raise ApiError(404, "Multi backend is not supported at this site.")
+
+
 @router.get("/images/{image_id}/file")
 async def download_data(image_id: str, request: Request, ctx: Reader) -> Response:
     image, path = svc.data_of(cloud_of(request), ctx, image_id)
@@ -301,6 +353,16 @@ async def schema_image(ctx: Reader) -> JSONResponse:
 @router.get("/schemas/images")
 async def schema_images(ctx: Reader) -> JSONResponse:
     return _json(images_schema())
+
+
+@router.get("/schemas/member")
+async def schema_member(ctx: Reader) -> JSONResponse:
+    return _json(member_schema())
+
+
+@router.get("/schemas/members")
+async def schema_members(ctx: Reader) -> JSONResponse:
+    return _json(members_schema())
 
 
 # -- members ----------------------------------------------------------------------------------

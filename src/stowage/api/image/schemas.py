@@ -1,12 +1,16 @@
-"""The JSON schemas glance serves at /v2/schemas/image and /v2/schemas/images."""
+"""The JSON schemas glance serves at /v2/schemas/image(s) and /v2/schemas/member(s)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from stowage.services.images import CONTAINER_FORMATS, DISK_FORMATS
+from stowage.services.images import CONTAINER_FORMATS, DISK_FORMATS, MEMBER_STATUSES
 
-__all__ = ["image_schema", "images_schema"]
+__all__ = ["UUID_PATTERN", "image_schema", "images_schema", "member_schema", "members_schema"]
+
+UUID_PATTERN = (
+    "^([0-9a-fA-F]){8}-([0-9a-fA-F]){4}-([0-9a-fA-F]){4}-([0-9a-fA-F]){4}-([0-9a-fA-F]){12}$"
+)
 
 
 def _nullable(kind: str, description: str, **extra: Any) -> dict[str, Any]:
@@ -18,9 +22,6 @@ def _read_only(kind: str | list[str], description: str, **extra: Any) -> dict[st
 
 
 def image_schema() -> dict[str, Any]:
-    uuid_pattern = (
-        "^([0-9a-fA-F]){8}-([0-9a-fA-F]){4}-([0-9a-fA-F]){4}-([0-9a-fA-F]){4}-([0-9a-fA-F]){12}$"
-    )
     return {
         "name": "image",
         "additionalProperties": {"type": "string"},
@@ -28,7 +29,7 @@ def image_schema() -> dict[str, Any]:
             "id": {
                 "type": "string",
                 "description": "An identifier for the image",
-                "pattern": uuid_pattern,
+                "pattern": UUID_PATTERN,
             },
             "name": _nullable("string", "Descriptive name for the image", maxLength=255),
             "status": _read_only(
@@ -128,4 +129,46 @@ def images_schema() -> dict[str, Any]:
             {"rel": "next", "href": "{next}"},
             {"rel": "describedby", "href": "{schema}"},
         ],
+    }
+
+
+def member_schema() -> dict[str, Any]:
+    return {
+        "name": "member",
+        "properties": {
+            "created_at": {
+                "type": "string",
+                "description": "Date and time of image member creation",
+            },
+            "image_id": {
+                "type": "string",
+                "description": "An identifier for the image",
+                "pattern": UUID_PATTERN,
+            },
+            "member_id": {
+                "type": "string",
+                "description": "An identifier for the image member (tenantId)",
+            },
+            "schema": {"type": "string", "readOnly": True},
+            "status": {
+                "type": "string",
+                "description": "The status of this image member",
+                "enum": list(MEMBER_STATUSES),
+            },
+            "updated_at": {
+                "type": "string",
+                "description": "Date and time of last modification of image member",
+            },
+        },
+    }
+
+
+def members_schema() -> dict[str, Any]:
+    return {
+        "name": "members",
+        "properties": {
+            "members": {"type": "array", "items": member_schema()},
+            "schema": {"type": "string"},
+        },
+        "links": [{"rel": "describedby", "href": "{schema}"}],
     }
