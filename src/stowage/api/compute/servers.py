@@ -650,6 +650,10 @@ async def server_action(request: Request, server_id: str) -> Response:
 
     if action in SHELVE_ACTIONS:
         return await shelve_action(request, ctx, doc, action, args)
+    from stowage.api.compute.guest_actions import GUEST_ACTIONS, guest_action
+
+    if action in GUEST_ACTIONS:
+        return await guest_action(request, ctx, doc, action, args)
 
     if action in UNSUPPORTED_ACTIONS:
         refuse_action(doc, action, mv(request))

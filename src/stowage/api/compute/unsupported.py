@@ -21,10 +21,6 @@ router = APIRouter()
 # Actions Nova has and this cloud's conductor does not drive yet: (status, why). 501 is
 # Nova's answer when the virt driver lacks the feature (common.raise_feature_not_supported).
 UNSUPPORTED_ACTIONS: dict[str, tuple[int, str]] = {
-    "rescue": (501, "Rescuing servers is not supported by this cloud's hypervisors yet."),
-    "unrescue": (501, "Rescuing servers is not supported by this cloud's hypervisors yet."),
-    "changePassword": (501, "Setting an admin password is not supported by this cloud's guests."),
-    "trigger_crash_dump": (400, "Triggering a crash dump is not supported for this instance."),
     "addFixedIp": (501, "Adding a fixed IP is not supported; attach a port instead."),
     "removeFixedIp": (501, "Removing a fixed IP is not supported; detach the port instead."),
 }
