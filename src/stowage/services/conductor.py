@@ -722,6 +722,59 @@ class Conductor:
         reply = await self._call(op, "inject_nmi", {})
         await asyncio.to_thread(self._guest_answered, op, reply)
 
+    async def _step_port(self, op: Operation) -> None:
+        """An interface attach's port: made or bound, then hot-plugged on the host."""
+        await asyncio.to_thread(self._interface_port, op)
+
+    def _interface_port(self, op: Operation) -> None:
+        from stowage.services.interfaces import interface_port
+        from stowage.services.networks import NetworkError
+
+        try:
+            port = interface_port(self.cloud, op)
+        except NetworkError as exc:
+            reply = {"ok": False, "code": exc.code, "status": exc.status, "error": exc.message}
+            with self.cloud.ledger.engine.begin() as conn:
+                self.ops.advance(conn, op.id, state="failed", result=reply)
+            body = self.cloud.objects.get("instance", op.instance_id).body
+            _event(self.cloud, op, dict(body), "Error", exc.message)
+            return
+        payload = {**op.payload, "port_id": port["id"], "made": not op.payload.get("port_id")}
+        with self.cloud.ledger.engine.begin() as conn:
+            self.ops.advance(conn, op.id, step="attach_interface", payload=payload)
+
+    async def _step_attach_interface(self, op: Operation) -> None:
+        from stowage.services.interfaces import attached_port, nic_of
+
+        port = await asyncio.to_thread(
+            attached_port, self.cloud, op.instance_id, str(op.payload["port_id"])
+        )
+        reply = await self._call(op, "attach_interface", {"nic": nic_of(port)})
+        await asyncio.to_thread(self._interface_answered, op, reply, port)
+
+    async def _step_detach_interface(self, op: Operation) -> None:
+        reply = await self._call(op, "detach_interface", {"mac": op.payload["mac"]})
+        port = self.cloud.objects.find("port", str(op.payload["port_id"]))
+        body = None if port is None else dict(port.body)
+        await asyncio.to_thread(self._interface_answered, op, reply, body)
+
+    def _interface_answered(self, op: Operation, reply: Reply, port: dict[str, Any] | None) -> None:
+        """The host plugged or unplugged the NIC: the port is kept (attached) or let go
+        (detached, or a failed attach), and the server's addresses follow."""
+        from stowage.services import networks
+
+        cloud = self.cloud
+        ok = bool(reply.get("ok"))
+        attach = op.kind == "interface-attach"
+        if port is not None and (ok != attach) and port.get("device_id") == op.instance_id:
+            networks.release_port(cloud, port)
+        networks.refresh_server_addresses(cloud, op.instance_id)
+        result = {**reply, "port_id": op.payload.get("port_id")}
+        with cloud.ledger.engine.begin() as conn:
+            self.ops.advance(conn, op.id, state="done" if ok else "failed", result=result)
+        body = cloud.objects.get("instance", op.instance_id).body
+        _event(cloud, op, dict(body), "Success" if ok else "Error", reply.get("error"))
+
     def _guest_answered(self, op: Operation, reply: Reply) -> None:
         """The host's answer to a guest action, with the server's state in one commit: a
         rescue that failed leaves the server as it was, an unrescue that failed RESCUE."""
