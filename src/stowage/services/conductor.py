@@ -29,7 +29,7 @@ Steps per kind (the host each talks to in brackets):
     unrescue       unrescue [host] -> ACTIVE (or RESCUE still)
     set-password   set_password [host] (the password dropped from the payload as it ends)
     inject-nmi     inject_nmi [host]
-    interface-attach  port (made or bound) -> attach_interface [host] -> addresses, or
+    interface-attach  interface_port (made or bound) -> attach_interface [host] -> addresses, or
                       the port let go again
     interface-detach  detach_interface [host] -> the port let go, addresses
     live-migration prepare [dest] -> source_cleanup [source] -> completed
@@ -722,7 +722,7 @@ class Conductor:
         reply = await self._call(op, "inject_nmi", {})
         await asyncio.to_thread(self._guest_answered, op, reply)
 
-    async def _step_port(self, op: Operation) -> None:
+    async def _step_interface_port(self, op: Operation) -> None:
         """An interface attach's port: made or bound, then hot-plugged on the host."""
         await asyncio.to_thread(self._interface_port, op)
 

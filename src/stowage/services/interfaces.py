@@ -25,6 +25,7 @@ __all__ = [
     "ATTACHABLE",
     "add_fixed_ip",
     "attach_interface",
+    "attached_port",
     "detach_interface",
     "interface_port",
     "nic_of",
@@ -127,7 +128,14 @@ def attach_interface(
         "is_admin": bool(caller.is_admin),
     }
     return _enqueue(
-        cloud, caller, body, "attach_interface", "interface-attach", "port", payload, request_id
+        cloud,
+        caller,
+        body,
+        "attach_interface",
+        "interface-attach",
+        "interface_port",
+        payload,
+        request_id,
     )
 
 
