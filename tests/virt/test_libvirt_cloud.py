@@ -302,8 +302,11 @@ def _life_cycle_on_a_real_guest(cloud: RunningCloud, api: _Api, name: str, boot_
     _wait_for(lambda: "NMI received" in api.console(name), "the guest's NMI report", 60)
 
     cloud.osc("server", "add", "network", name, "private")
-    (port,) = cloud.osc_json("port", "list", "--device-id", api.id_of(name))
-    mac = port["MAC Address"]
+    path = f"/servers/{api.id_of(name)}/os-interface"
+    attached = api._call("GET", path).json()["interfaceAttachments"]
+    events = api._call("GET", f"/servers/{api.id_of(name)}/os-instance-actions").json()
+    assert len(attached) == 1, (attached, events)
+    mac = attached[0]["mac_addr"]
     _wait_for(lambda: mac in _last_nics(api.console(name)), "the hot-plugged NIC", 60)
 
     cloud.osc("server", "rescue", "--image", "stowage-guest", name)
