@@ -274,9 +274,10 @@ def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Pa
     cloud.osc("server", "reboot", "--hard", "--wait", "shared")
     _wait_for(lambda: api.boot_id("shared") != second, "a new boot after reboot")
 
-    # The snapshot's guest.
+    # The snapshot's guest: the rest of the life cycle on it, through the CLI.
     api.active("from-snap")
-    api.boot_id("from-snap")
+    snap_boot = api.boot_id("from-snap")
+    _life_cycle_on_a_real_guest(cloud, api, "from-snap", snap_boot)
 
     # `virsh destroy` behind Stowage's back shows in the server's state.
     _virsh(cloud, moved["host"], "destroy", f"instance-{pinned['id']}")
@@ -289,6 +290,48 @@ def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Pa
         disks = cloud.state_dir / "libvirt" / host / "disks"
         assert not [p.name for p in disks.glob("*") if p.is_file()]
         assert not list((disks / "console").glob("*"))
+
+
+def _life_cycle_on_a_real_guest(cloud: RunningCloud, api: _Api, name: str, boot_id: str) -> None:
+    """The password refused (no guest agent: 409, as Nova), an NMI the guest kernel reports,
+    a NIC hot-plugged on a new port that the guest sees, and a rescue that boots the guest
+    again from the rescue image with its own disk second, then back on its own disk."""
+    refused = cloud.osc("server", "set", "--password", "secret", name, check=False)
+    assert refused.returncode != 0 and "409" in refused.stderr, refused.stderr
+    cloud.osc("--os-compute-api-version", "2.17", "server", "dump", "create", name)
+    _wait_for(lambda: "NMI received" in api.console(name), "the guest's NMI report", 60)
+
+    cloud.osc("server", "add", "network", name, "private")
+    path = f"/servers/{api.id_of(name)}/os-interface"
+    attached = api._call("GET", path).json()["interfaceAttachments"]
+    events = api._call("GET", f"/servers/{api.id_of(name)}/os-instance-actions").json()
+    assert len(attached) == 1, (attached, events)
+    mac = attached[0]["mac_addr"]
+    _wait_for(lambda: mac in _last_nics(api.console(name)), "the hot-plugged NIC", 60)
+
+    cloud.osc("server", "rescue", "--image", "stowage-guest", name)
+    _wait_for(lambda: api.server(name)["status"] == "RESCUE", f"{name} to be rescued")
+    _wait_for(lambda: api.boot_id(name) != boot_id, "the rescue boot")
+    _wait_for(lambda: _last_disks(api.console(name)) == ["vda", "vdb"], "the rescue's disks")
+    rescued = api.boot_id(name)
+    cloud.osc("server", "unrescue", name)
+    api.active(name)
+    _wait_for(lambda: api.boot_id(name) != rescued, "the boot on its own disk")
+    _wait_for(lambda: _last_disks(api.console(name)) == ["vda"], "its own disk alone")
+
+
+def _last_boot(console: str) -> str:
+    return console.rsplit(guest_image.MARKER, maxsplit=1)[-1]
+
+
+def _last_disks(console: str) -> list[str]:
+    seen = re.findall(rf"^{guest_image.DISKS_PREFIX} (.*)$", _last_boot(console), re.M)
+    return seen[-1].split() if seen else []
+
+
+def _last_nics(console: str) -> list[str]:
+    seen = re.findall(rf"^{guest_image.NICS_PREFIX} (.*)$", console, re.M)
+    return seen[-1].split() if seen else []
 
 
 def test_two_pinned_guests_migrated_at_once_to_room_for_one(cloud: RunningCloud) -> None:

@@ -41,6 +41,7 @@ from stowage.virt.driver import (
     InstanceState,
     MigrationProgress,
     MigrationTarget,
+    Nic,
 )
 from stowage.virt.images import HttpImageFetcher
 from stowage.virt.libvirt_driver import DOMAIN_PREFIX, LibvirtDriver
@@ -547,3 +548,66 @@ def test_a_guest_boots_from_a_volume_sees_its_volumes_and_reads_its_config_drive
         for driver in (h1, h2):
             if iid in driver.running():
                 driver.destroy(iid)
+
+
+def _guest_nics(text: str) -> list[str]:
+    """The NICs' MACs the guest said it has, the last time they changed."""
+    seen = re.findall(rf"^{guest_image.NICS_PREFIX} (.*)$", text, re.MULTILINE)
+    return seen[-1].split() if seen else []
+
+
+def _last_boot(driver: LibvirtDriver, iid: str) -> str:
+    return _console(driver, iid).split(guest_image.MARKER)[-1]
+
+
+def test_nic_hotplug_nmi_and_rescue_of_a_real_guest(world: dict[str, Any]) -> None:
+    """One guest: a NIC hot-plugged and unplugged (the guest sees it come and go), an NMI
+    the guest kernel reports, the password refused (no guest agent), then a rescue that
+    reboots it from the rescue image with its own disk second, and back."""
+    h1: LibvirtDriver = world["h1"]
+    image: ImageSpec = world["image"]
+    iid = str(uuid.uuid4())
+    first, hot = "fa:16:3e:00:00:01", "fa:16:3e:00:00:02"
+    guest = Guest(vcpus=1, memory_mb=160, image=image, name="rescue", nics=(Nic(mac=first),))
+    h1.spawn(iid, {}, [], 160, guest)
+    try:
+        _booted(h1, iid)
+        _wait_for(lambda: _guest_nics(_console(h1, iid)) == [first], "the guest's NIC", 60)
+
+        h1.attach_interface(iid, Nic(mac=hot))
+        h1.attach_interface(iid, Nic(mac=hot))  # again: no change
+        _wait_for(lambda: _guest_nics(_console(h1, iid)) == [first, hot], "the new NIC", 30)
+        conn = libvirt.open(h1.uri)
+        try:
+            config = conn.lookupByName(DOMAIN_PREFIX + iid).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        finally:
+            conn.close()
+        assert hot in config  # in the persistent definition too
+        h1.detach_interface(iid, hot)
+        _wait_for(lambda: _guest_nics(_console(h1, iid)) == [first], "the NIC to go", 30)
+
+        h1.inject_nmi(iid)
+        _wait_for(lambda: "NMI received" in _console(h1, iid), "the guest's NMI report", 30)
+        with pytest.raises(DriverError) as refused:
+            h1.set_admin_password(iid, "secret")
+        assert refused.value.code == "virt.password.no_guest_agent"
+
+        overlay = h1.disk_dir / f"{iid}.qcow2"
+        rescue_disk = h1.disk_dir / f"{iid}.rescue.qcow2"
+        h1.rescue(iid, image, "secret")
+        h1.rescue(iid, image, "secret")  # again: no change
+        _wait_for(lambda: _console(h1, iid).count(guest_image.MARKER) == 2, "the rescue boot", 90)
+        assert _host_disks(h1.uri, iid) == {"vda": str(rescue_disk), "vdb": str(overlay)}
+        _wait_for(lambda: _guest_disks(_last_boot(h1, iid)) == ["vda", "vdb"], "both disks", 60)
+        assert h1.running()[iid]["state"] is InstanceState.RUNNING
+
+        h1.unrescue(iid)
+        _wait_for(lambda: _console(h1, iid).count(guest_image.MARKER) == 3, "the own boot", 90)
+        assert _host_disks(h1.uri, iid) == {"vda": str(overlay)}
+        _wait_for(lambda: _guest_disks(_last_boot(h1, iid)) == ["vda"], "its own disk", 60)
+        assert not rescue_disk.exists() and not (h1.disk_dir / f"{iid}.unrescue.xml").exists()
+        _wait_for(lambda: _guest_nics(_last_boot(h1, iid)) == [first], "its NIC again", 30)
+    finally:
+        if iid in h1.running():
+            h1.destroy(iid)
+    assert not list(h1.disk_dir.glob(f"{iid}*"))

@@ -28,10 +28,12 @@ from stowage.virt.driver import (
     DriverCrashed,
     DriverError,
     Guest,
+    ImageSpec,
     InstanceNotFound,
     InstanceState,
     MigrationProgress,
     MigrationTarget,
+    Nic,
 )
 
 __all__ = ["AgentServer", "ImageSink", "ImageUpload", "compute_topic", "control_topic"]
@@ -58,6 +60,12 @@ _GUEST_METHODS = frozenset(
         "rollback_migration",
         "attach_volume",
         "detach_volume",
+        "rescue",
+        "unrescue",
+        "attach_interface",
+        "detach_interface",
+        "set_admin_password",
+        "inject_nmi",
     }
 )
 
@@ -83,7 +91,8 @@ _NO_LOCK = contextlib.nullcontext()
 # Calls that change what a host runs: one issued before a call already run is stale.
 _FENCED = frozenset(
     {"spawn", "destroy", "power_off", "power_on", "reboot", "pause", "unpause", "suspend",
-     "resume", "prepare_migration", "live_migrate", "finish_migration", "rollback_migration"}
+     "resume", "prepare_migration", "live_migrate", "finish_migration", "rollback_migration",
+     "rescue", "unrescue"}
 )  # fmt: skip
 _ISSUED_MAX = 100_000
 
@@ -306,10 +315,8 @@ class AgentServer:
                 else (lambda: driver.detach_volume(instance_id, device))
             )
             return await self._result(await agent.call(op_id, method, instance_id, volume_call))
-        call = getattr(driver, method)
-        return await self._result(
-            await agent.call(op_id, method, instance_id, lambda: call(instance_id))
-        )
+        guest_call = _guest_call(driver, method, instance_id, payload)
+        return await self._result(await agent.call(op_id, method, instance_id, guest_call))
 
     async def _result(self, result: OpResult) -> Payload:
         if result.ok:
@@ -386,13 +393,51 @@ class AgentServer:
             "heartbeat_gap_max_s": round(agent.heartbeat_gap_max_s, 3),
             "loop_lag_max_s": round(agent.watchdog.lag_max_s, 3),
             "slow_disk_s": getattr(getattr(self.driver, "config", None), "slow_disk_s", None),
-            "instances": _running_view(running),
+            "instances": _running_view(running, _details(self.driver)),
             "at": time.time(),
         }
 
 
-def _running_view(running: dict[str, Any]) -> dict[str, Any]:
+def _guest_call(
+    driver: Driver, method: str, instance_id: str, payload: Payload
+) -> Callable[[], None]:
+    """The driver call of a guest method, with its arguments from the payload."""
+    if method == "rescue":
+        image = payload.get("image")
+        spec = ImageSpec(**dict(image)) if image else None
+        return lambda: driver.rescue(instance_id, spec, str(payload.get("admin_password") or ""))
+    if method == "attach_interface":
+        nic = dict(payload["nic"])
+        made = Nic(
+            mac=str(nic["mac"]),
+            ips=tuple(str(ip) for ip in nic.get("ips") or ()),
+            network_id=str(nic.get("network_id") or ""),
+            port_id=str(nic.get("port_id") or ""),
+        )
+        return lambda: driver.attach_interface(instance_id, made)
+    if method == "detach_interface":
+        return lambda: driver.detach_interface(instance_id, str(payload["mac"]))
+    if method == "set_admin_password":
+        return lambda: driver.set_admin_password(instance_id, str(payload["password"]))
+    call = getattr(driver, method)
+    return lambda: call(instance_id)
+
+
+def _details(driver: Driver) -> dict[str, dict[str, Any]]:
+    """What a simulated guest records beyond its state (rescue, NICs, password, NMIs)."""
+    from stowage.virt.sim import SimDriver
+
+    return driver.guest_details() if isinstance(driver, SimDriver) else {}
+
+
+def _running_view(
+    running: dict[str, Any], details: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     return {
-        iid: {"state": str(inst["state"]), "pins": {str(k): v for k, v in inst["pins"].items()}}
+        iid: {
+            "state": str(inst["state"]),
+            "pins": {str(k): v for k, v in inst["pins"].items()},
+            **(details or {}).get(iid, {}),
+        }
         for iid, inst in sorted(running.items())
     }

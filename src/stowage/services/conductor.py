@@ -25,6 +25,13 @@ Steps per kind (the host each talks to in brackets):
     shelve         destroy [host] -> claims released, SHELVED_OFFLOADED (volume-backed)
     volume-attach  attach_volume [host] -> attachment completed, or undone
     volume-detach  detach_volume [host] -> attachment ended, or the volume in-use again
+    rescue         rescue [host] -> RESCUE (or as it was)
+    unrescue       unrescue [host] -> ACTIVE (or RESCUE still)
+    set-password   set_password [host] (the password dropped from the payload as it ends)
+    inject-nmi     inject_nmi [host]
+    interface-attach  interface_port (made or bound) -> attach_interface [host] -> addresses, or
+                      the port let go again
+    interface-detach  detach_interface [host] -> the port let go, addresses
     live-migration prepare [dest] -> source_cleanup [source] -> completed
     evacuation     prepare [dest] -> done; a cleanup op for the (down) source
     migration      prepare [dest] -> finished (VERIFY_RESIZE)
@@ -345,10 +352,13 @@ class Conductor:
         self.ops.let_go(self.owner, op.id)
 
     def _give_up(self, op: Operation, why: str) -> None:
+        from stowage.services.guest_actions import scrub
         from stowage.services.images import end_snapshot_in
 
         with contextlib.suppress(OperationEnded), self.cloud.ledger.engine.begin() as conn:
-            self.ops.advance(conn, op.id, state="failed", result={"error": why})
+            self.ops.advance(
+                conn, op.id, state="failed", result={"error": why}, payload=scrub(op.payload)
+            )
             end_snapshot_in(self.cloud, conn, op)
 
     async def _call(
@@ -682,6 +692,117 @@ class Conductor:
             write_instance(cloud, op.instance_id, before, body, conn=conn)
             self.ops.advance(conn, op.id, state=state, result=reply)
         _event(cloud, op, body, "Success" if reply.get("ok") else "Error", reply.get("error"))
+
+    # -- guest actions (services/guest_actions.py) --------------------------------------
+
+    async def _step_rescue(self, op: Operation) -> None:
+        from stowage.services.guest_spec import image_spec
+
+        image = await asyncio.to_thread(image_spec, self.cloud, str(op.payload["image_id"]))
+        if image is None:
+            reply: Reply = {
+                "ok": False,
+                "code": "image.not_found",
+                "error": f"rescue image {op.payload['image_id']} is not an active image",
+            }
+        else:
+            payload = {"image": image, "admin_password": op.payload.get("admin_password")}
+            reply = await self._call(op, "rescue", payload)
+        await asyncio.to_thread(self._guest_answered, op, reply)
+
+    async def _step_unrescue(self, op: Operation) -> None:
+        reply = await self._call(op, "unrescue", {})
+        await asyncio.to_thread(self._guest_answered, op, reply)
+
+    async def _step_set_password(self, op: Operation) -> None:
+        reply = await self._call(op, "set_admin_password", {"password": op.payload["password"]})
+        await asyncio.to_thread(self._guest_answered, op, reply)
+
+    async def _step_inject_nmi(self, op: Operation) -> None:
+        reply = await self._call(op, "inject_nmi", {})
+        await asyncio.to_thread(self._guest_answered, op, reply)
+
+    async def _step_interface_port(self, op: Operation) -> None:
+        """An interface attach's port: made or bound, then hot-plugged on the host."""
+        await asyncio.to_thread(self._interface_port, op)
+
+    def _interface_port(self, op: Operation) -> None:
+        from stowage.services.interfaces import interface_port
+        from stowage.services.networks import NetworkError
+
+        try:
+            port = interface_port(self.cloud, op)
+        except NetworkError as exc:
+            reply = {"ok": False, "code": exc.code, "status": exc.status, "error": exc.message}
+            with self.cloud.ledger.engine.begin() as conn:
+                self.ops.advance(conn, op.id, state="failed", result=reply)
+            body = self.cloud.objects.get("instance", op.instance_id).body
+            _event(self.cloud, op, dict(body), "Error", exc.message)
+            return
+        payload = {**op.payload, "port_id": port["id"], "made": not op.payload.get("port_id")}
+        with self.cloud.ledger.engine.begin() as conn:
+            self.ops.advance(conn, op.id, step="attach_interface", payload=payload)
+
+    async def _step_attach_interface(self, op: Operation) -> None:
+        from stowage.services.interfaces import attached_port, nic_of
+
+        port = await asyncio.to_thread(
+            attached_port, self.cloud, op.instance_id, str(op.payload["port_id"])
+        )
+        reply = await self._call(op, "attach_interface", {"nic": nic_of(port)})
+        await asyncio.to_thread(self._interface_answered, op, reply, port)
+
+    async def _step_detach_interface(self, op: Operation) -> None:
+        reply = await self._call(op, "detach_interface", {"mac": op.payload["mac"]})
+        port = self.cloud.objects.find("port", str(op.payload["port_id"]))
+        body = None if port is None else dict(port.body)
+        await asyncio.to_thread(self._interface_answered, op, reply, body)
+
+    def _interface_answered(self, op: Operation, reply: Reply, port: dict[str, Any] | None) -> None:
+        """The host plugged or unplugged the NIC: the port is kept (attached) or let go
+        (detached, or a failed attach), and the server's addresses follow."""
+        from stowage.services import networks
+
+        cloud = self.cloud
+        ok = bool(reply.get("ok"))
+        attach = op.kind == "interface-attach"
+        if port is not None and (ok != attach) and port.get("device_id") == op.instance_id:
+            networks.release_port(cloud, port)
+        networks.refresh_server_addresses(cloud, op.instance_id)
+        result = {**reply, "port_id": op.payload.get("port_id")}
+        with cloud.ledger.engine.begin() as conn:
+            self.ops.advance(conn, op.id, state="done" if ok else "failed", result=result)
+        body = cloud.objects.get("instance", op.instance_id).body
+        _event(cloud, op, dict(body), "Success" if ok else "Error", reply.get("error"))
+
+    def _guest_answered(self, op: Operation, reply: Reply) -> None:
+        """The host's answer to a guest action, with the server's state in one commit: a
+        rescue that failed leaves the server as it was, an unrescue that failed RESCUE."""
+        from stowage.services.guest_actions import scrub
+
+        cloud = self.cloud
+        ok = bool(reply.get("ok"))
+        before = cloud.objects.get("instance", op.instance_id).body
+        body = dict(before)
+        if ok and op.kind == "rescue":
+            body.update(status="RESCUE", vm_state="rescued", power_state=1)
+        elif ok and op.kind == "unrescue":
+            body.update(status="ACTIVE", vm_state="active", power_state=1)
+        elif op.kind == "rescue":
+            body.update(dict(op.payload.get("before") or {}))
+        if op.kind != "inject-nmi":
+            body["task_state"] = None
+        with cloud.ledger.engine.begin() as conn:
+            if body != before:
+                write_instance(cloud, op.instance_id, before, body, conn=conn)
+            self.ops.advance(
+                conn,
+                op.id,
+                state="done" if ok else "failed",
+                result=reply,
+                payload=scrub(op.payload),
+            )
+        _event(cloud, op, body, "Success" if ok else "Error", None if ok else reply.get("error"))
 
     async def _step_snapshot(self, op: Operation) -> None:
         reply = await self._call(op, "snapshot", dict(op.payload))

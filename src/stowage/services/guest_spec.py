@@ -17,7 +17,24 @@ from typing import Any
 
 from stowage.services.cloud import Cloud
 
-__all__ = ["guest_payload"]
+__all__ = ["guest_payload", "image_spec"]
+
+
+def image_spec(cloud: Cloud, image_id: str) -> dict[str, Any] | None:
+    """The driver's `ImageSpec` (as a payload) of an active image, None for any other."""
+    from stowage.services import images
+
+    image = images.find_image(cloud, image_id) if image_id else None
+    if image is None or image.get("status") != "active":
+        return None
+    return {
+        "id": image["id"],
+        "disk_format": image.get("disk_format") or "raw",
+        "size": int(image.get("size") or 0),
+        "checksum": image.get("checksum"),
+        "hash_algo": image.get("os_hash_algo"),
+        "hash_value": image.get("os_hash_value"),
+    }
 
 
 def guest_payload(
@@ -27,7 +44,7 @@ def guest_payload(
 
     `flavor` overrides the instance's (a resize's new flavor).
     """
-    from stowage.services import images, networks
+    from stowage.services import networks
 
     doc = cloud.objects.find("instance", instance_id)
     body = {} if doc is None else dict(doc.body)
@@ -42,16 +59,7 @@ def guest_payload(
     }
     # An unshelve boots from the image its shelve made of the disk.
     image_id = (body.get("shelved_image_id") or body.get("image_id")) if body else None
-    image = images.find_image(cloud, str(image_id or "")) if body else None
-    if image is not None and image.get("status") == "active":
-        out["image"] = {
-            "id": image["id"],
-            "disk_format": image.get("disk_format") or "raw",
-            "size": int(image.get("size") or 0),
-            "checksum": image.get("checksum"),
-            "hash_algo": image.get("os_hash_algo"),
-            "hash_value": image.get("os_hash_value"),
-        }
+    out["image"] = image_spec(cloud, str(image_id or "")) if body else None
     nics: dict[str, dict[str, Any]] = {}
     for entries in networks.addresses_of(cloud, instance_id).values():
         for entry in entries:

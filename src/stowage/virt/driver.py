@@ -304,6 +304,35 @@ class Driver(Protocol):
         """Stop and start the instance."""
         ...
 
+    def rescue(self, instance_id: str, image: ImageSpec | None, admin_password: str) -> None:
+        """Boot the guest from `image` (its own image when None) with its own root disk
+        attached second (Nova's rescue); `admin_password` is the rescue system's. Repeated
+        on a rescued guest: no change."""
+        ...
+
+    def unrescue(self, instance_id: str) -> None:
+        """Boot the rescued guest from its own disk again, as it was defined before the
+        rescue; a guest that is not rescued: no change."""
+        ...
+
+    def attach_interface(self, instance_id: str, nic: Nic) -> None:
+        """Hot-plug `nic` into the guest (and its persistent definition); the same MAC
+        again is no change."""
+        ...
+
+    def detach_interface(self, instance_id: str, mac: str) -> None:
+        """Unplug the NIC with this MAC address; a MAC the guest lacks is no error."""
+        ...
+
+    def set_admin_password(self, instance_id: str, password: str) -> None:
+        """Set the guest's administrator password (a guest agent's job); a `DriverError`
+        when the guest cannot take it."""
+        ...
+
+    def inject_nmi(self, instance_id: str) -> None:
+        """Send the running guest a non-maskable interrupt (a crash dump's trigger)."""
+        ...
+
     def power_off(self, instance_id: str) -> None:
         """Stop the instance, keeping its definition and disk."""
         ...

@@ -15,10 +15,12 @@ appears about 10 s after power-on.
 
 After the marker the init loads the kernel's disk modules (virtio-blk, IDE cdrom, ISO 9660:
 linux-image-cloud-amd64 builds them as modules, so they are copied into the initramfs), and
-prints the block devices it sees whenever they change (a hot-plugged volume shows), and the
-config drive's meta_data.json once a device labelled `config-2` appears:
+prints the block devices and the NICs' MAC addresses it sees whenever they change (a
+hot-plugged volume or NIC shows), and the config drive's meta_data.json once a device
+labelled `config-2` appears:
 
     stowage-disks: hda vda vdb
+    stowage-nics: fa:16:3e:00:00:01
     stowage-config-drive: /dev/sr0
     stowage-meta-data: {"uuid": ...}
 
@@ -45,6 +47,7 @@ __all__ = [
     "DISKS_PREFIX",
     "MARKER",
     "META_DATA_PREFIX",
+    "NICS_PREFIX",
     "UPTIME_PREFIX",
     "build",
     "default_kernel",
@@ -55,12 +58,13 @@ __all__ = [
 MARKER = "STOWAGE-GUEST-UP"
 UPTIME_PREFIX = "stowage-uptime"
 DISKS_PREFIX = "stowage-disks:"
+NICS_PREFIX = "stowage-nics:"
 CONFIG_DRIVE_PREFIX = "stowage-config-drive:"
 META_DATA_PREFIX = "stowage-meta-data:"
 DISK_MIB = 48
 
 # In load order (each after what it needs, as modules.dep says): virtio disks, the IDE cdrom
-# of the default x86 machine (ata_piix, sr_mod) and ISO 9660.
+# of the default x86 machine (ata_piix, sr_mod), ISO 9660 and virtio NICs.
 DISK_MODULES = (
     "drivers/virtio/virtio_ring",
     "drivers/virtio/virtio",
@@ -75,6 +79,9 @@ DISK_MODULES = (
     "drivers/cdrom/cdrom",
     "drivers/scsi/sr_mod",
     "fs/isofs/isofs",
+    "net/core/failover",
+    "drivers/net/net_failover",
+    "drivers/net/virtio_net",
 )
 
 INIT = f"""#!/bin/busybox sh
@@ -89,12 +96,18 @@ echo "{MARKER} boot_id=$boot_id" > /dev/ttyS0
 for m in $(cat /lib/modules/order 2>/dev/null); do insmod /lib/modules/$m 2>/dev/null; done
 mkdir -p /mnt/cd
 disks_seen=
+nics_seen=
 cd_seen=
 look() {{
   disks=$(awk 'NR > 2 && $4 != "" {{ print $4 }}' /proc/partitions | sort | tr '\\n' ' ')
   if [ "$disks" != "$disks_seen" ]; then
     disks_seen=$disks
     echo "{DISKS_PREFIX} $disks" > /dev/ttyS0
+  fi
+  nics=$(cat /sys/class/net/eth*/address 2>/dev/null | sort | tr '\\n' ' ')
+  if [ "$nics" != "$nics_seen" ]; then
+    nics_seen=$nics
+    echo "{NICS_PREFIX} $nics" > /dev/ttyS0
   fi
   [ -n "$cd_seen" ] && return
   cd=$(findfs LABEL=config-2 2>/dev/null)

@@ -43,10 +43,12 @@ from stowage.virt.driver import (
     DriverCrashed,
     DriverError,
     Guest,
+    ImageSpec,
     InstanceNotFound,
     InstanceState,
     MigrationProgress,
     MigrationTarget,
+    Nic,
     ProgressCallback,
     RunningInstance,
     guest_for,
@@ -62,6 +64,7 @@ __all__ = [
     "domain_xml",
     "host_topology",
     "parse_pins",
+    "rescue_xml",
     "volume_disk",
 ]
 
@@ -170,6 +173,50 @@ def _disk_element(parent: ET.Element | None, disk: VolumeDisk) -> ET.Element:
     return el
 
 
+def _interface_element(parent: ET.Element | None, mac: str) -> ET.Element:
+    """A NIC: user-mode networking (no host bridge to plug into), virtio, the port's MAC."""
+    attrs = {"type": "user"}
+    el = (
+        ET.Element("interface", attrs)
+        if parent is None
+        else ET.SubElement(parent, "interface", attrs)
+    )
+    ET.SubElement(el, "mac", address=mac)
+    ET.SubElement(el, "model", type="virtio")
+    return el
+
+
+def _interfaces(xml: str) -> dict[str, str]:
+    """MAC -> the interface element (XML) of every NIC of a domain's XML."""
+    out: dict[str, str] = {}
+    for el in ET.fromstring(xml).findall("./devices/interface"):
+        mac = el.find("mac")
+        if mac is not None and mac.get("address"):
+            out[mac.get("address", "").lower()] = ET.tostring(el, encoding="unicode")
+    return out
+
+
+def rescue_xml(xml: str, rescue_disk: Path) -> str:
+    """A domain's persistent XML as Nova's (legacy) rescue boots it: the rescue disk first
+    (`vda`), the guest's own root disk second (`vdb`), its volumes left out; the rest (NICs,
+    config drive, console, placement) as it was."""
+    root = ET.fromstring(xml)
+    devices = root.find("devices")
+    if devices is None:
+        raise DriverError("a domain without devices cannot be rescued", code="virt.rescue.xml")
+    for el in devices.findall("disk"):
+        target = el.find("target")
+        if el.get("device") == "cdrom" or target is None:
+            continue
+        if target.get("dev") == ROOT_TARGET:
+            target.set("dev", "vdb")
+        else:
+            devices.remove(el)
+    rescue = _disk_element(None, VolumeDisk(ROOT_TARGET, rescue_disk, "qcow2"))
+    devices.insert(0, rescue)
+    return ET.tostring(root, encoding="unicode")
+
+
 def _disks(xml: str) -> dict[str, tuple[str, str]]:
     """target -> (device kind, source path) of every disk of a domain's XML."""
     out: dict[str, tuple[str, str]] = {}
@@ -270,9 +317,7 @@ def domain_xml(
         ET.SubElement(cdrom, "target", dev="hda" if cdrom_bus == "ide" else "sda", bus=cdrom_bus)
         ET.SubElement(cdrom, "readonly")
     for nic in guest.nics:
-        iface = ET.SubElement(devices, "interface", type="user")
-        ET.SubElement(iface, "mac", address=nic.mac)
-        ET.SubElement(iface, "model", type="virtio")
+        _interface_element(devices, nic.mac)
     if console_log is not None:
         serial = ET.SubElement(devices, "serial", type="file")
         ET.SubElement(serial, "source", path=str(console_log), append="on")
@@ -764,20 +809,25 @@ class LibvirtDriver:
             if live is not None and target in _disks(live):
                 flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
             _call(lambda: dom.detachDeviceFlags(element, flags))
-        if not flags & libvirt.VIR_DOMAIN_AFFECT_LIVE:
-            return
+        if flags & libvirt.VIR_DOMAIN_AFFECT_LIVE:
+            self._wait_unplugged(dom, lambda xml: target in _disks(xml), device)
+
+    def _wait_unplugged(self, dom: Any, present: Callable[[str], bool], what: str) -> None:
+        """Until the running guest let the device go (ACPI unplug), or `detach_timeout_s`."""
         deadline = time.monotonic() + self.detach_timeout_s
         while True:
             if not _call(lambda: bool(dom.isActive())):
                 return
-            if target not in _disks(_call(lambda: str(dom.XMLDesc(0)))):
+            if not present(_call(lambda: str(dom.XMLDesc(0)))):
                 return
             if time.monotonic() > deadline:
                 raise DriverError(
-                    f"instance {instance_id} did not release {device} within "
+                    f"{_call(dom.name)} did not release {what} within "
                     f"{self.detach_timeout_s:g} s (the guest must acknowledge the unplug); "
                     "it is out of the definition, still in the running guest",
-                    code="virt.volume.detach_timeout",
+                    code="virt.volume.detach_timeout"
+                    if what.startswith("/dev/")
+                    else "virt.interface.detach_timeout",
                 )
             time.sleep(0.25)
 
@@ -803,6 +853,110 @@ class LibvirtDriver:
 
     def resume(self, instance_id: str) -> None:
         _call(self._get(instance_id).create)
+
+    def rescue(self, instance_id: str, image: ImageSpec | None, admin_password: str) -> None:
+        """Nova's rescue: the guest boots again from a fresh overlay on the rescue image,
+        with its own root disk second; the definition before it is kept beside the disk for
+        `unrescue`. A failure on the way puts the old definition back. The password is not
+        injected: as in Nova's libvirt driver without file injection, the rescue image's
+        own credentials apply."""
+        if image is None:
+            raise DriverError(
+                f"a rescue of instance {instance_id} needs an image", code="virt.rescue.no_image"
+            )
+        dom = self._get(instance_id)
+        saved = self._unrescue_path(instance_id)
+        with self._define_lock:
+            if saved.exists():
+                return  # rescued already
+            self._refuse_volume_root(dom, instance_id, "rescue")
+            if self._has_managed_save(DOMAIN_PREFIX + instance_id):
+                raise DriverError(
+                    f"instance {instance_id} is suspended: resume it to rescue it",
+                    code="virt.rescue.suspended",
+                )
+            config = _call(lambda: str(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)))
+            disk = self._rescue_disk_path(instance_id)
+            base = self.images.path(image)
+            disk.unlink(missing_ok=True)
+            qemu_img(
+                "create", "-q", "-f", "qcow2", "-F", image.disk_format, "-b",
+                str(base.resolve()), str(disk),
+            )  # fmt: skip
+            saved.write_text(config)
+            try:
+                self._stop(dom)
+                conn = self._connection()
+                _call(lambda: conn.defineXML(rescue_xml(config, disk)))
+                _call(dom.create)
+            except DriverError:
+                with contextlib.suppress(DriverError):
+                    self._stop(dom)
+                    _call(lambda: self._connection().defineXML(config))
+                saved.unlink(missing_ok=True)
+                disk.unlink(missing_ok=True)
+                raise
+
+    def unrescue(self, instance_id: str) -> None:
+        """The definition from before the rescue, booted again; the rescue disk goes."""
+        dom = self._get(instance_id)
+        saved = self._unrescue_path(instance_id)
+        with self._define_lock:
+            if not saved.exists():
+                return
+            config = saved.read_text()
+            self._stop(dom)
+            _call(lambda: self._connection().defineXML(config))
+            _call(dom.create)
+            saved.unlink(missing_ok=True)
+            self._rescue_disk_path(instance_id).unlink(missing_ok=True)
+
+    def attach_interface(self, instance_id: str, nic: Nic) -> None:
+        """A virtio NIC with the port's MAC, hot-plugged into the running guest and added to
+        its persistent definition (whichever lacks it)."""
+        dom = self._get(instance_id)
+        mac = nic.mac.lower()
+        with self._define_lock:
+            config, live = self._xml_pair(dom)
+            flags = 0 if mac in _interfaces(config) else libvirt.VIR_DOMAIN_AFFECT_CONFIG
+            if live is not None and mac not in _interfaces(live):
+                flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
+            if flags:
+                element = ET.tostring(_interface_element(None, mac), encoding="unicode")
+                _call(lambda: dom.attachDeviceFlags(element, flags))
+
+    def detach_interface(self, instance_id: str, mac: str) -> None:
+        """The NIC out of the persistent definition and out of the running guest, which
+        must let it go (ACPI unplug) within `detach_timeout_s`."""
+        dom = self._get(instance_id)
+        mac = mac.lower()
+        with self._define_lock:
+            config, live = self._xml_pair(dom)
+            element = (live and _interfaces(live).get(mac)) or _interfaces(config).get(mac)
+            if element is None:
+                return
+            flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG if mac in _interfaces(config) else 0
+            if live is not None and mac in _interfaces(live):
+                flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
+            _call(lambda: dom.detachDeviceFlags(element, flags))
+        if flags & libvirt.VIR_DOMAIN_AFFECT_LIVE:
+            self._wait_unplugged(dom, lambda xml: mac in _interfaces(xml), f"NIC {mac}")
+
+    def set_admin_password(self, instance_id: str, password: str) -> None:
+        """Only a QEMU guest agent can set a password, and these guests have none (Nova's
+        libvirt driver refuses the same way without `hw_qemu_guest_agent`)."""
+        self._get(instance_id)
+        raise DriverError(
+            f"instance {instance_id} has no QEMU guest agent to set its password",
+            code="virt.password.no_guest_agent",
+        )
+
+    def inject_nmi(self, instance_id: str) -> None:
+        """virDomainInjectNMI: the guest kernel's NMI handler runs (kdump, or a panic)."""
+        dom = self._get(instance_id)
+        if not _call(lambda: bool(dom.isActive())):
+            raise DriverError(f"instance {instance_id} is not running", code="virt.nmi.not_running")
+        _call(lambda: dom.injectNMI(0))
 
     # -- live migration ----------------------------------------------------------------
 
@@ -1170,6 +1324,8 @@ class LibvirtDriver:
             self.disk_dir / f"{instance_id}.base",
             self._config_drive_path(instance_id),
             self._console_path(instance_id),
+            self._rescue_disk_path(instance_id),
+            self._unrescue_path(instance_id),
         ):
             path.unlink(missing_ok=True)
 
@@ -1254,6 +1410,12 @@ class LibvirtDriver:
 
     def _overlay_path(self, instance_id: str) -> Path:
         return self.disk_dir / f"{instance_id}.qcow2"
+
+    def _rescue_disk_path(self, instance_id: str) -> Path:
+        return self.disk_dir / f"{instance_id}.rescue.qcow2"
+
+    def _unrescue_path(self, instance_id: str) -> Path:
+        return self.disk_dir / f"{instance_id}.unrescue.xml"
 
     def _config_drive_path(self, instance_id: str) -> Path:
         return self.disk_dir / f"{instance_id}.config.iso"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 import shutil
 import tempfile
@@ -18,10 +19,12 @@ from stowage.virt.driver import (
     DriverCrashed,
     DriverError,
     Guest,
+    ImageSpec,
     InstanceNotFound,
     InstanceState,
     MigrationProgress,
     MigrationTarget,
+    Nic,
     ProgressCallback,
     RunningInstance,
     check_guest,
@@ -48,6 +51,12 @@ STEPS: dict[str, tuple[str, ...]] = {
     "migrate": ("transfer", "switch"),
     "finish_migration": ("start",),
     "rollback_migration": ("undefine", "delete_disk"),
+    "rescue": ("stop", "start"),
+    "unrescue": ("stop", "start"),
+    "attach_interface": ("plug",),
+    "detach_interface": ("unplug",),
+    "set_admin_password": ("agent",),
+    "inject_nmi": ("nmi",),
 }
 
 
@@ -92,6 +101,19 @@ class _Instance:
     console: list[str] = field(default_factory=list)
     migrating: bool = False
     volumes: dict[str, Path] = field(default_factory=dict)  # device -> the volume's file
+    nics: dict[str, Nic] = field(default_factory=dict)  # MAC -> NIC, hot-plugged ones too
+    rescue_image: str | None = None  # booted from this image, its own disk second
+    rescue_password: str | None = None  # the rescue system's, while rescued
+    admin_password: str | None = None  # what the guest agent was told last
+    nmis: int = 0  # non-maskable interrupts received
+
+    def __post_init__(self) -> None:
+        if self.guest is not None and not self.nics:
+            self.nics = {nic.mac: nic for nic in self.guest.nics}
+
+
+def _digest(secret: str | None) -> str | None:
+    return None if secret is None else hashlib.sha256(secret.encode()).hexdigest()
 
 
 class SimDriver:
@@ -284,6 +306,106 @@ class SimDriver:
         if self._get(instance_id).state is not InstanceState.RUNNING:
             self._set_state(instance_id, InstanceState.RUNNING)
             self._boot_console(instance_id)
+
+    def rescue(self, instance_id: str, image: ImageSpec | None, admin_password: str) -> None:
+        """The guest boots the rescue image (its own when None) with its disk second."""
+        self._record("rescue", instance_id)
+        inst = self._get(instance_id)
+        if inst.rescue_image is not None:
+            return
+        if inst.state in (InstanceState.PAUSED, InstanceState.SUSPENDED):
+            raise DriverError(
+                f"instance {instance_id} is {inst.state}: it cannot be rescued",
+                code="virt.rescue.bad_state",
+            )
+        own = inst.guest.image.id if inst.guest is not None and inst.guest.image else ""
+        rescue_image = image.id if image is not None else own
+        self._step("rescue", "stop")
+        self._set_state(instance_id, InstanceState.SHUTOFF)
+        self._step("rescue", "start")
+        with self._lock:
+            inst.rescue_image = rescue_image
+            inst.rescue_password = admin_password
+            inst.state = InstanceState.RUNNING
+            inst.console.append(
+                f"sim: {instance_id} booted rescue image {rescue_image or '(none)'} "
+                f"with its own disk second"
+            )
+
+    def unrescue(self, instance_id: str) -> None:
+        self._record("unrescue", instance_id)
+        inst = self._get(instance_id)
+        if inst.rescue_image is None:
+            return
+        self._step("unrescue", "stop")
+        self._set_state(instance_id, InstanceState.SHUTOFF)
+        self._step("unrescue", "start")
+        with self._lock:
+            inst.rescue_image = None
+            inst.rescue_password = None
+            inst.state = InstanceState.RUNNING
+        self._boot_console(instance_id)
+
+    def attach_interface(self, instance_id: str, nic: Nic) -> None:
+        self._record("attach_interface", instance_id)
+        inst = self._get(instance_id)
+        if nic.mac in inst.nics:
+            return
+        self._step("attach_interface", "plug")
+        with self._lock:
+            inst.nics[nic.mac] = nic
+            inst.console.append(f"sim: {instance_id} NIC {nic.mac} plugged")
+
+    def detach_interface(self, instance_id: str, mac: str) -> None:
+        self._record("detach_interface", instance_id)
+        inst = self._get(instance_id)
+        if mac not in inst.nics:
+            return
+        self._step("detach_interface", "unplug")
+        with self._lock:
+            inst.nics.pop(mac, None)
+            inst.console.append(f"sim: {instance_id} NIC {mac} unplugged")
+
+    def set_admin_password(self, instance_id: str, password: str) -> None:
+        """A simulated guest has an agent: it takes the password (while it runs)."""
+        self._record("set_admin_password", instance_id)
+        inst = self._get(instance_id)
+        if inst.state is not InstanceState.RUNNING:
+            raise DriverError(
+                f"instance {instance_id} is {inst.state}: its agent does not answer",
+                code="virt.password.agent_unreachable",
+            )
+        self._step("set_admin_password", "agent")
+        with self._lock:
+            inst.admin_password = password
+
+    def inject_nmi(self, instance_id: str) -> None:
+        self._record("inject_nmi", instance_id)
+        inst = self._get(instance_id)
+        if inst.state is not InstanceState.RUNNING:
+            raise DriverError(
+                f"instance {instance_id} is {inst.state}, not running",
+                code="virt.nmi.not_running",
+            )
+        self._step("inject_nmi", "nmi")
+        with self._lock:
+            inst.nmis += 1
+            inst.console.append(f"sim: {instance_id} NMI received")
+
+    def guest_details(self) -> dict[str, dict[str, Any]]:
+        """What each simulated guest was told beyond its state (for `stowage sim show`): its
+        rescue image, its NICs, a digest of its admin password, NMIs received."""
+        with self._lock:
+            return {
+                iid: {
+                    "rescue_image": inst.rescue_image,
+                    "nics": sorted(inst.nics),
+                    "admin_password_sha256": _digest(inst.admin_password),
+                    "rescue_password_sha256": _digest(inst.rescue_password),
+                    "nmis": inst.nmis,
+                }
+                for iid, inst in self._instances.items()
+            }
 
     def running(self) -> dict[str, RunningInstance]:
         with self._lock:

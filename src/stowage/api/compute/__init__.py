@@ -19,6 +19,7 @@ from stowage.api.compute import (
     hypervisors,
     images,
     instance_actions,
+    interfaces,
     keypairs,
     legacy,
     limits_quotas,
@@ -30,7 +31,6 @@ from stowage.api.compute import (
     server_metadata,
     servers,
     sim,
-    unsupported,
     volume_attachments,
 )
 from stowage.api.compute.microversion import MAX_VERSION, MIN_VERSION, install_microversions
@@ -61,7 +61,7 @@ _ROUTERS = (
     capacity,
     cloud_status,
     sim,
-    unsupported,
+    interfaces,
     volume_attachments,
 )
 

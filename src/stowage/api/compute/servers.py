@@ -646,14 +646,18 @@ async def server_action(request: Request, server_id: str) -> Response:
         return await extra_action(request, ctx, doc, action, args)
     if action in FLOATING_ACTIONS:
         return await floating_action(request, ctx, doc, action, args)
+    from stowage.api.compute.interfaces import FIXED_IP_ACTIONS, fixed_ip_action
     from stowage.api.compute.shelving import SHELVE_ACTIONS, shelve_action
-    from stowage.api.compute.unsupported import UNSUPPORTED_ACTIONS, refuse_action
 
     if action in SHELVE_ACTIONS:
         return await shelve_action(request, ctx, doc, action, args)
+    from stowage.api.compute.guest_actions import GUEST_ACTIONS, guest_action
 
-    if action in UNSUPPORTED_ACTIONS:
-        refuse_action(doc, action, mv(request))
+    if action in GUEST_ACTIONS:
+        return await guest_action(request, ctx, doc, action, args)
+
+    if action in FIXED_IP_ACTIONS:
+        return await fixed_ip_action(request, ctx, doc, action, args)
     raise ApiError(400, f"There is no such action: {action}")
 
 

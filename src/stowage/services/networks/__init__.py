@@ -30,7 +30,10 @@ from stowage.services.networks.devices import (
     addresses_of,
     allocate_port,
     attach_port,
+    made_by,
     ports_of,
+    refresh_server_addresses,
+    release_port,
     release_ports,
 )
 from stowage.services.networks.network import (
@@ -102,7 +105,10 @@ __all__ = [
     "list_security_group_rules",
     "list_security_groups",
     "list_subnets",
+    "made_by",
     "ports_of",
+    "refresh_server_addresses",
+    "release_port",
     "release_ports",
     "set_tags",
     "stamped",

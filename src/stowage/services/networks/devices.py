@@ -30,9 +30,11 @@ def allocate_port(
     host: str | None = None,
     fixed_ip: str | None = None,
     device_owner: str = "compute:nova",
+    marker: str | None = None,
 ) -> dict[str, Any]:
     """A port for a server on `network_id` with the next free address (or `fixed_ip`), made
-    as `project_id` would make it (`is_admin` lifts the visibility rules).
+    as `project_id` would make it (`is_admin` lifts the visibility rules); `marker` is kept
+    with it (`made_by`), so a repeated step finds the port it made.
 
     Raises NetworkError, whose `status` says why: 404 (NetworkNotFound) when the network is
     not there or not visible, 403 when the project may not attach to it, 409 when its
@@ -47,7 +49,7 @@ def allocate_port(
     }
     if fixed_ip is not None:
         attrs["fixed_ips"] = [{"ip_address": fixed_ip}]
-    port = create_port(cloud, caller, attrs)
+    port = create_port(cloud, caller, attrs, private={"_made_by": marker} if marker else None)
     if host:
         port = update_port(cloud, _As(project_id, True), port["id"], {"binding:host_id": host})
     return _render_port(cloud.objects.get("port", port["id"]).body, _As(project_id, True))
@@ -86,18 +88,30 @@ def ports_of(cloud: Cloud, device_id: str) -> list[dict[str, Any]]:
     return [doc.body for doc in cloud.objects.list("port", ref=device_id)]
 
 
+def made_by(cloud: Cloud, device_id: str, marker: str) -> dict[str, Any] | None:
+    """The port of `device_id` that `allocate_port(..., marker=marker)` made, if any."""
+    found = [p for p in ports_of(cloud, device_id) if p.get("_made_by") == marker]
+    return _render_port(found[0], _As(found[0]["project_id"], True)) if found else None
+
+
+def release_port(cloud: Cloud, port: dict[str, Any]) -> None:
+    """One of a server's ports let go: deleted when it was made for the server, detached
+    (device and binding cleared) when it was given to it."""
+    if port.get("_preserve"):
+        new = dict(port)
+        new.update(device_id="", device_owner="", _preserve=False)
+        _port_attrs(cloud, {"binding:host_id": ""}, _As(port["project_id"], True), new)
+        _save(cloud, "port", new)
+    else:
+        _drop_port(cloud, port)
+
+
 def release_ports(cloud: Cloud, device_id: str) -> int:
     """A deleted server's ports: those made for it are deleted, attached ones detached.
     Returns how many ports it held."""
     ports = ports_of(cloud, device_id)
     for port in ports:
-        if port.get("_preserve"):
-            new = dict(port)
-            new.update(device_id="", device_owner="", _preserve=False)
-            _port_attrs(cloud, {"binding:host_id": ""}, _As(port["project_id"], True), new)
-            _save(cloud, "port", new)
-        else:
-            _drop_port(cloud, port)
+        release_port(cloud, port)
     return len(ports)
 
 

@@ -200,7 +200,14 @@ def _port_attrs(
     body["status"] = "ACTIVE" if body["device_id"] and body["admin_state_up"] else "DOWN"
 
 
-def create_port(cloud: Cloud, caller: Caller, attrs: Mapping[str, Any]) -> dict[str, Any]:
+def create_port(
+    cloud: Cloud,
+    caller: Caller,
+    attrs: Mapping[str, Any],
+    *,
+    private: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A new port; `private` fields (named `_...`, never shown) are written with it."""
     _check_keys(attrs, _PORT_CREATE)
     network_id = _text("network_id", _required(attrs, "network_id"))
     net = _network(cloud, caller, network_id)
@@ -253,6 +260,7 @@ def create_port(cloud: Cloud, caller: Caller, attrs: Mapping[str, Any]) -> dict[
     _port_attrs(cloud, attrs, caller, body)
     if body["device_owner"].startswith("network:") and not wants_groups:
         body["security_groups"] = []
+    body.update({k: v for k, v in (private or {}).items() if k.startswith("_")})
     body["mac_address"] = _claim_mac(cloud, network_id, mac, port_id)
     try:
         body["fixed_ips"] = _allocate_ips(cloud, network_id, port_id, requests, subnets)
