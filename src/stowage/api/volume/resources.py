@@ -87,7 +87,7 @@ async def create_type(request: Request, project_id: str) -> JSONResponse:
         made = type_service.create_type(cloud_of(request), request_body)
     except StowageError as exc:
         raise mapped(exc) from None
-    return JSONResponse({"volume_type": type_view(ctx, made)})
+    return JSONResponse({"volume_type": type_view(ctx, made, answer_of="create")})
 
 
 def _specs(value: Any) -> dict[str, str]:
@@ -112,7 +112,7 @@ async def update_type(request: Request, project_id: str, type_id: str) -> JSONRe
         body = type_service.update_type(cloud_of(request), type_id, changes)
     except StowageError as exc:
         raise mapped(exc) from None
-    return JSONResponse({"volume_type": type_view(ctx, body)})
+    return JSONResponse({"volume_type": type_view(ctx, body, answer_of="update")})
 
 
 @router.delete("/types/{type_id}")

@@ -153,7 +153,9 @@ async def create_volume(request: Request, project_id: str) -> JSONResponse:
     if doc.body["status"] == "creating":
         settle(cloud, "volume", doc.id)
     shown = cloud.objects.find("volume", doc.id) or doc
-    return JSONResponse({"volume": volume_view(request, ctx, shown)}, status_code=202)
+    return JSONResponse(
+        {"volume": volume_view(request, ctx, shown, changed=True)}, status_code=202
+    )
 
 
 def _filters(request: Request, ctx: Context) -> dict[str, Any]:
@@ -295,7 +297,7 @@ async def update_volume(request: Request, project_id: str, volume_id: str) -> JS
         doc = service.update_volume(cloud_of(request), ctx, volume_id, changes)
     except StowageError as exc:
         raise mapped(exc) from None
-    return JSONResponse({"volume": volume_view(request, ctx, doc)})
+    return JSONResponse({"volume": volume_view(request, ctx, doc, changed=True)})
 
 
 @router.delete("/volumes/{volume_id}")
