@@ -13,6 +13,7 @@ from stowage.api.compute import (
     availability_zones,
     capacity,
     cloud_status,
+    consoles,
     flavors,
     floating_ips,
     host_evacuate,
@@ -61,6 +62,7 @@ _ROUTERS = (
     capacity,
     cloud_status,
     sim,
+    consoles,
     unsupported,
     volume_attachments,
 )

@@ -153,9 +153,7 @@ async def create_volume(request: Request, project_id: str) -> JSONResponse:
     if doc.body["status"] == "creating":
         settle(cloud, "volume", doc.id)
     shown = cloud.objects.find("volume", doc.id) or doc
-    return JSONResponse(
-        {"volume": volume_view(request, ctx, shown, changed=True)}, status_code=202
-    )
+    return JSONResponse({"volume": volume_view(request, ctx, shown, changed=True)}, status_code=202)
 
 
 def _filters(request: Request, ctx: Context) -> dict[str, Any]:
