@@ -4,6 +4,7 @@ snapshots, types, quotas, the attach actions and attachments, on the local-file 
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -239,3 +240,47 @@ def test_the_attachments_api_reserves_connects_completes_and_ends(
     assert sdk.block_storage.get_volume(volume.id).status == "available"
     sdk.block_storage.delete_volume(volume)
     sdk.block_storage.wait_for_delete(volume, interval=0.1)
+
+
+def test_answers_in_the_shapes_tempest_holds_cinder_to(cloud: RunningCloud) -> None:
+    """What Tempest's block-storage schemas pin down: a create's or update's answer lacks what
+    only show and detail extend (snapshot attributes, the tenant), a full page links to the
+    next, extra specs one at a time, the extensions, capabilities and service filters."""
+    api = Volume(cloud)
+    made = api.call("POST", "/volumes", json={"volume": {"size": 1, "name": unique("shape")}})
+    volume = made.json()["volume"]
+    assert "os-vol-tenant-attr:tenant_id" not in volume
+    detail = api.call("GET", f"/volumes/{volume['id']}").json()["volume"]
+    assert detail["os-vol-tenant-attr:tenant_id"] == api.project_id
+    deadline = time.monotonic() + 30
+    while api.status(volume["id"]) != "available" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    snap = api.call("POST", "/snapshots", json={"snapshot": {"volume_id": volume["id"]}})
+    assert snap.status_code == 202, snap.text
+    assert "os-extended-snapshot-attributes:progress" not in snap.json()["snapshot"]
+    shown = api.call("GET", f"/snapshots/{snap.json()['snapshot']['id']}").json()["snapshot"]
+    assert "os-extended-snapshot-attributes:progress" in shown
+
+    listed = api.call("GET", "/volumes?limit=1&sort=created_at:desc").json()
+    assert [link["rel"] for link in listed["volumes_links"]] == ["next"]
+
+    vtype = api.call("POST", "/types", json={"volume_type": {"name": unique("t")}}).json()
+    assert "qos_specs_id" not in vtype["volume_type"]
+    type_id = vtype["volume_type"]["id"]
+    specs = f"/types/{type_id}/extra_specs"
+    assert api.call("POST", specs, json={"extra_specs": {"k": "v"}}).json() == {
+        "extra_specs": {"k": "v"}
+    }
+    assert api.call("PUT", f"{specs}/k", json={"k": "w"}).json() == {"k": "w"}
+    assert api.call("GET", f"{specs}/k").json() == {"k": "w"}
+    assert api.call("PUT", f"{specs}/k", json={"other": "x"}).status_code == 400
+    assert api.call("GET", f"{specs}/nope").status_code == 404
+
+    aliases = {e["alias"] for e in api.call("GET", "/extensions").json()["extensions"]}
+    assert {"os-vol-tenant-attr", "os-extended-snapshot-attributes"} <= aliases
+    pool = api.call("GET", "/scheduler-stats/get_pools?detail=true").json()["pools"][0]
+    caps = api.call("GET", f"/capabilities/{pool['name'].replace('#', '%23')}").json()
+    assert caps["vendor_name"] == pool["capabilities"]["vendor_name"] == "Stowage"
+    assert api.call("GET", "/capabilities/elsewhere@x").status_code == 404
+    only = api.call("GET", "/os-services?binary=cinder-volume").json()["services"]
+    assert [s["binary"] for s in only] == ["cinder-volume"]

@@ -150,6 +150,40 @@ async def set_specs(request: Request, project_id: str, type_id: str) -> JSONResp
     return JSONResponse({"extra_specs": specs})
 
 
+@router.get("/types/{type_id}/extra_specs/{key}")
+async def show_spec(request: Request, project_id: str, type_id: str, key: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:types_extra_specs:show")
+    try:
+        found = service.find_type(cloud_of(request), type_id)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    specs = found.get("extra_specs") or {}
+    if key not in specs:
+        raise ApiError(
+            404, f"Volume Type {type_id} has no extra specs with key {key}."
+        )  # fmt: skip
+    return JSONResponse({key: specs[key]})
+
+
+@router.put("/types/{type_id}/extra_specs/{key}")
+async def update_spec(request: Request, project_id: str, type_id: str, key: str) -> JSONResponse:
+    """One extra spec: the body names exactly the key of the path (Cinder's 400 else)."""
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:types_extra_specs:update")
+    payload = await json_body(request)
+    if not isinstance(payload, dict) or len(payload) != 1:
+        raise ApiError(400, "Request body contains too many items.")
+    if key not in payload:
+        raise ApiError(400, "Request body and URI mismatch")
+    specs = _specs(payload)
+    try:
+        type_service.update_type(cloud_of(request), type_id, {"extra_specs": specs})
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse(specs)
+
+
 @router.delete("/types/{type_id}/extra_specs/{key}")
 async def unset_spec(request: Request, project_id: str, type_id: str, key: str) -> Response:
     ctx = context(request, project_id)
@@ -195,7 +229,7 @@ async def create_snapshot(request: Request, project_id: str) -> JSONResponse:
     if doc.body["status"] == "creating":
         settle(cloud, "volume_snapshot", doc.id)
     shown = cloud.objects.find("volume_snapshot", doc.id) or doc
-    return JSONResponse({"snapshot": snapshot_view(request, shown)}, status_code=202)
+    return JSONResponse({"snapshot": snapshot_view(request, shown, changed=True)}, status_code=202)
 
 
 def _list_snapshots(request: Request, project_id: str, *, detail: bool) -> JSONResponse:
@@ -263,7 +297,7 @@ async def update_snapshot(request: Request, project_id: str, snapshot_id: str) -
         doc = service.update_snapshot(cloud_of(request), ctx, snapshot_id, changes)
     except StowageError as exc:
         raise mapped(exc) from None
-    return JSONResponse({"snapshot": snapshot_view(request, doc)})
+    return JSONResponse({"snapshot": snapshot_view(request, doc, changed=True)})
 
 
 @router.delete("/snapshots/{snapshot_id}")
@@ -475,6 +509,12 @@ async def services(request: Request, project_id: str) -> JSONResponse:
         ("cinder-scheduler", "stowage"),
         ("cinder-volume", f"stowage@{backend_of(cloud).kind}"),
     ]
+    query = request.query_params
+    rows = [
+        (binary, host)
+        for binary, host in rows
+        if query.get("binary") in (None, binary) and query.get("host") in (None, host)
+    ]
     out = []
     for binary, host in rows:
         row: dict[str, Any] = {
@@ -512,6 +552,8 @@ async def get_pools(request: Request, project_id: str) -> JSONResponse:
                 "pool_name": pool.name,
                 "volume_backend_name": pool.backend,
                 "storage_protocol": "local",
+                "vendor_name": VENDOR,
+                "driver_version": DRIVER_VERSION,
                 "total_capacity_gb": pool.total_gb,
                 "free_capacity_gb": pool.free_gb,
                 "allocated_capacity_gb": pool.used_gb,
@@ -523,6 +565,80 @@ async def get_pools(request: Request, project_id: str) -> JSONResponse:
             }
         out.append(row)
     return JSONResponse({"pools": out})
+
+
+@router.get("/capabilities/{host}")
+async def capabilities(request: Request, project_id: str, host: str) -> JSONResponse:
+    """The backend's capabilities (admin only); `host` as get_pools names it, with or without
+    its `#pool`."""
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:capabilities")
+    cloud = cloud_of(request)
+    from stowage.services.volumes import backend_of, pool_host
+
+    backend_host = pool_host(cloud).split("#", 1)[0]
+    if host.split("#", 1)[0] != backend_host:
+        raise ApiError(404, f"Service {host} could not be found.")
+    return JSONResponse(
+        {
+            "namespace": f"OS::Storage::Capabilities::{backend_host}",
+            "vendor_name": VENDOR,
+            "volume_backend_name": backend_of(cloud).kind,
+            "pool_name": None,
+            "driver_version": DRIVER_VERSION,
+            "storage_protocol": "local",
+            "display_name": None,
+            "description": None,
+            "visibility": None,
+            "replication_targets": [],
+            "properties": {},
+        }
+    )
+
+
+VENDOR = "Stowage"
+DRIVER_VERSION = "1.0.0"
+
+# The extensions of Cinder's that this API carries (GET /extensions): their fields and
+# routes are served as Cinder's are.
+_EXTENSIONS = (
+    ("AdminActions", "os-admin-actions", "Enable admin actions."),
+    ("AvailabilityZones", "os-availability-zone", "Describe Availability Zones."),
+    ("ExtendedSnapshotAttributes", "os-extended-snapshot-attributes",
+     "Extended SnapshotAttributes support."),
+    ("QuotaSets", "os-quota-sets", "Quota management support."),
+    ("SchedulerStats", "scheduler-stats", "Scheduler stats support."),
+    ("Services", "os-services", "Services support."),
+    ("TypesExtraSpecs", "os-types-extra-specs", "Type extra specs support."),
+    ("TypesManage", "os-types-manage", "Types manage support."),
+    ("VolumeActions", "os-volume-actions", "Enable volume actions."),
+    ("VolumeHostAttribute", "os-vol-host-attr", "Expose host as an attribute of a volume."),
+    ("VolumeImageMetadata", "os-vol-image-meta", "Show the volume's image metadata."),
+    ("VolumeMigStatusAttribute", "os-vol-mig-status-attr",
+     "Expose migration_status as an attribute of a volume."),
+    ("VolumeTenantAttribute", "os-vol-tenant-attr", "Expose project_id as a volume's attribute."),
+    ("VolumeTypeAccess", "os-volume-type-access", "Volume type access support."),
+    ("Capabilities", "capabilities", "Capabilities support."),
+)  # fmt: skip
+
+
+@router.get("/extensions")
+async def extensions(request: Request, project_id: str) -> JSONResponse:
+    context(request, project_id)
+    return JSONResponse(
+        {
+            "extensions": [
+                {
+                    "alias": alias,
+                    "name": name,
+                    "description": description,
+                    "links": [],
+                    "updated": "2013-01-01T00:00:00+00:00",
+                }
+                for name, alias, description in _EXTENSIONS
+            ]
+        }
+    )
 
 
 # Cinder's resources this cloud does not have: refused (501), not answered as unknown paths.

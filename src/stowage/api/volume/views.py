@@ -141,7 +141,9 @@ def volume_view(
     return view
 
 
-def snapshot_view(request: Request, doc: Document) -> dict[str, Any]:
+def snapshot_view(request: Request, doc: Document, *, changed: bool = False) -> dict[str, Any]:
+    """Cinder's snapshot; `changed` for a create's or update's answer, which lacks the
+    extended-snapshot-attributes extension's fields (it extends show and detail only)."""
     body = doc.body
     view: dict[str, Any] = {
         "id": doc.id,
@@ -153,9 +155,10 @@ def snapshot_view(request: Request, doc: Document) -> dict[str, Any]:
         "created_at": iso(doc.created_at),
         "updated_at": iso(doc.updated_at),
         "metadata": body.get("metadata") or {},
-        "os-extended-snapshot-attributes:progress": body.get("progress", "0%"),
-        "os-extended-snapshot-attributes:project_id": body.get("project_id"),
     }
+    if not changed:
+        view["os-extended-snapshot-attributes:progress"] = body.get("progress", "0%")
+        view["os-extended-snapshot-attributes:project_id"] = body.get("project_id")
     version = vmv(request)
     if version >= (3, 14):
         view["group_snapshot_id"] = None

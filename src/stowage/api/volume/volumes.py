@@ -223,7 +223,9 @@ def _list(request: Request, project_id: str, *, detail: bool) -> JSONResponse:
     body: dict[str, Any] = {
         "volumes": [volume_view(request, ctx, d, brief=not detail) for d in page]
     }
-    if limit is not None and len(docs) > limit and page:
+    # A full page links to the next, even if that one is empty (Cinder's, which Tempest
+    # pins down).
+    if limit is not None and len(page) == limit and page:
         base = cloud.config.base_url
         suffix = "/detail" if detail else ""
         body["volumes_links"] = [
