@@ -255,7 +255,9 @@ def test_answers_in_the_shapes_tempest_holds_cinder_to(cloud: RunningCloud) -> N
     deadline = time.monotonic() + 30
     while api.status(volume["id"]) != "available" and time.monotonic() < deadline:
         time.sleep(0.1)
-    snap = api.call("POST", "/snapshots", json={"snapshot": {"volume_id": volume["id"]}})
+    snap = api.call(
+        "POST", "/snapshots", json={"snapshot": {"volume_id": volume["id"], "name": "aa"}}
+    )
     assert snap.status_code == 202, snap.text
     assert "os-extended-snapshot-attributes:progress" not in snap.json()["snapshot"]
     shown = api.call("GET", f"/snapshots/{snap.json()['snapshot']['id']}").json()["snapshot"]
@@ -284,3 +286,34 @@ def test_answers_in_the_shapes_tempest_holds_cinder_to(cloud: RunningCloud) -> N
     assert api.call("GET", "/capabilities/elsewhere@x").status_code == 404
     only = api.call("GET", "/os-services?binary=cinder-volume").json()["services"]
     assert [s["binary"] for s in only] == ["cinder-volume"]
+    on_host = api.call("GET", "/os-services?host=stowage").json()["services"]
+    assert sorted(s["binary"] for s in on_host) == ["cinder-scheduler", "cinder-volume"]
+    assert api.call("POST", specs, json={"extra_specs": None}).status_code == 400
+
+    # Metadata one key at a time, for volumes and snapshots alike.
+    snap_id = snap.json()["snapshot"]["id"]
+    for item in (f"/volumes/{volume['id']}", f"/snapshots/{snap_id}"):
+        assert api.call("POST", f"{item}/metadata", json={"metadata": {"a": "1"}}).json() == {
+            "metadata": {"a": "1"}
+        }
+        assert api.call("PUT", f"{item}/metadata/b", json={"meta": {"b": "2"}}).json() == {
+            "meta": {"b": "2"}
+        }
+        assert api.call("GET", f"{item}/metadata/b").json() == {"meta": {"b": "2"}}
+        assert api.call("PUT", f"{item}/metadata/b", json={"meta": {"c": "3"}}).status_code == 400
+        assert api.call("DELETE", f"{item}/metadata/a").status_code == 200
+        assert api.call("GET", f"{item}/metadata").json() == {"metadata": {"b": "2"}}
+
+    # Snapshot lists take Cinder's offset and its display_name sort key.
+    second = api.call(
+        "POST", "/snapshots", json={"snapshot": {"volume_id": volume["id"], "name": "zz"}}
+    ).json()["snapshot"]["id"]
+    named = api.call("GET", f"/snapshots?volume_id={volume['id']}&sort_key=display_name")
+    assert named.status_code == 200, named.text
+    ids = [s["id"] for s in named.json()["snapshots"]]
+    assert ids[0] == second  # "zz" first, descending
+    skipped = api.call(
+        "GET", f"/snapshots?volume_id={volume['id']}&sort_key=display_name&offset=1"
+    ).json()["snapshots"]
+    assert [s["id"] for s in skipped] == ids[1:]
+    assert api.call("GET", "/snapshots?offset=-1").status_code == 400

@@ -21,7 +21,7 @@ from stowage.api.volume.views import (
     type_view,
     writer,
 )
-from stowage.api.volume.volumes import settle, sort_of
+from stowage.api.volume.volumes import offset_of, settle, sort_of
 from stowage.domain.errors import StowageError
 from stowage.services.volumes import attach as attach_service
 from stowage.services.volumes import types as type_service
@@ -142,7 +142,9 @@ async def set_specs(request: Request, project_id: str, type_id: str) -> JSONResp
     ctx = context(request, project_id)
     _admin(ctx, "volume_extension:types_extra_specs:create")
     payload = await json_body(request)
-    specs = _specs((payload or {}).get("extra_specs") if isinstance(payload, dict) else None)
+    if not isinstance(payload, dict) or not isinstance(payload.get("extra_specs"), dict):
+        raise ApiError(400, "Malformed request body: 'extra_specs' is required")
+    specs = _specs(payload["extra_specs"])
     try:
         type_service.update_type(cloud_of(request), type_id, {"extra_specs": specs})
     except StowageError as exc:
@@ -246,6 +248,7 @@ def _list_snapshots(request: Request, project_id: str, *, detail: bool) -> JSONR
             sort=sort_of(request),
             limit=parse_limit(query.get("limit"), maximum=1000),
             marker=query.get("marker"),
+            offset=offset_of(request),
         )
     except StowageError as exc:
         raise mapped(exc) from None
@@ -513,7 +516,9 @@ async def services(request: Request, project_id: str) -> JSONResponse:
     rows = [
         (binary, host)
         for binary, host in rows
-        if query.get("binary") in (None, binary) and query.get("host") in (None, host)
+        if query.get("binary") in (None, binary)
+        # A host filter names the host, or the host of a backend (host@backend), as Cinder's.
+        and query.get("host") in (None, host, host.split("@", 1)[0])
     ]
     out = []
     for binary, host in rows:

@@ -659,15 +659,18 @@ def list_docs(
     sort: list[tuple[str, str]] | None = None,
     limit: int | None = None,
     marker: str | None = None,
+    offset: int = 0,
 ) -> list[Document]:
     """The caller's volumes or snapshots (every project's for an admin asking for them),
     filtered by exact field values (`metadata`: every given key and value; a name ending
-    in `~`: a substring), sorted, then paged after `marker`."""
+    in `~`: a substring), sorted (`display_name` is `name`, as Cinder maps it), then paged
+    after `marker`, `offset` skipped."""
     project = None if caller.is_admin and all_projects else caller.project_id
     if caller.is_admin and all_projects and filters.get("project_id"):
         project = str(filters["project_id"])
     docs = [d for d in cloud.objects.list(kind, project_id=project) if _matches(d, filters)]
-    for key, direction in reversed(sort or [("created_at", "desc")]):
+    for given, direction in reversed(sort or [("created_at", "desc")]):
+        key = "name" if given == "display_name" else given
         if key not in _SORT_KEYS:
             raise InvalidVolume(f"Invalid input received: Invalid sort key {key}")
 
@@ -683,6 +686,7 @@ def list_docs(
         if marker not in ids:
             raise NotFound(f"Marker {marker} could not be found.")
         docs = docs[ids.index(marker) + 1 :]
+    docs = docs[offset:]
     return docs if limit is None else docs[:limit]
 
 
