@@ -317,3 +317,27 @@ def test_answers_in_the_shapes_tempest_holds_cinder_to(cloud: RunningCloud) -> N
     ).json()["snapshots"]
     assert [s["id"] for s in skipped] == ids[1:]
     assert api.call("GET", "/snapshots?offset=-1").status_code == 400
+
+    # An admin's snapshot actions, and a snapshot of no volume is one of a volume not found.
+    act = f"/snapshots/{second}/action"
+    assert (
+        api.call("POST", act, json={"os-reset_status": {"status": "creating"}}).status_code == 202
+    )
+    progressed = {"os-update_snapshot_status": {"status": "available", "progress": "100%"}}
+    assert api.call("POST", act, json=progressed).status_code == 202
+    shown = api.call("GET", f"/snapshots/{second}").json()["snapshot"]
+    assert shown["os-extended-snapshot-attributes:progress"] == "100%"
+    assert api.call("POST", act, json=progressed).status_code == 400  # not from available
+    member = Volume(cloud, "demo")
+    forced = {"os-force_delete": {}}
+    assert member.call("POST", act, json=forced).status_code in (403, 404)
+    assert (
+        api.call("POST", act, json={"os-reset_status": {"status": "error_deleting"}}).status_code
+        == 202
+    )
+    assert api.call("POST", act, json=forced).status_code == 202
+    deadline = time.monotonic() + 30
+    while api.call("GET", f"/snapshots/{second}").status_code != 404:
+        assert time.monotonic() < deadline, "the forced delete did not end"
+        time.sleep(0.1)
+    assert api.call("POST", "/snapshots", json={"snapshot": {}}).status_code == 404

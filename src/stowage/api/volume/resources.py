@@ -315,6 +315,61 @@ async def delete_snapshot(request: Request, project_id: str, snapshot_id: str) -
     return Response(status_code=202)
 
 
+_SNAPSHOT_STATUSES = frozenset(
+    {"creating", "available", "deleting", "error", "error_deleting", "backing-up", "restoring"}
+)
+# os-update_snapshot_status: the status a snapshot may go to from its current one (Cinder's).
+_SNAPSHOT_PROGRESSION = {
+    "creating": frozenset({"creating", "available", "error"}),
+    "deleting": frozenset({"deleting", "error_deleting"}),
+}
+
+
+@router.post("/snapshots/{snapshot_id}/action")
+async def snapshot_action(request: Request, project_id: str, snapshot_id: str) -> Response:
+    """An admin's os-reset_status, os-force_delete and os-update_snapshot_status."""
+    ctx = context(request, project_id)
+    payload = await json_body(request)
+    if not isinstance(payload, dict) or len(payload) != 1:
+        raise ApiError(400, "Invalid request body: the body must name exactly one action")
+    action, args = next(iter(payload.items()))
+    args = args if isinstance(args, dict) else {}
+    if action not in ("os-reset_status", "os-force_delete", "os-update_snapshot_status"):
+        raise ApiError(400, f"There is no such action: {action}")
+    _admin(ctx, f"volume_extension:snapshot_admin_actions:{action.removeprefix('os-')}")
+    cloud = cloud_of(request)
+    try:
+        service.get_snapshot(cloud, ctx, snapshot_id)
+        if action == "os-force_delete":
+            service.delete_snapshot(cloud, ctx, snapshot_id, force=True)
+            settle(cloud, "volume_snapshot", snapshot_id)
+            return Response(status_code=202)
+        status = args.get("status")
+        if status not in _SNAPSHOT_STATUSES:
+            raise ApiError(400, f"Invalid input received: Must specify a valid status ({status})")
+        if action == "os-reset_status":
+            service.change_snapshot(cloud, snapshot_id, None, lambda b: {**b, "status": status})
+            return Response(status_code=202)
+        progress = args.get("progress")
+        current = service.get_snapshot(cloud, ctx, snapshot_id).body.get("status")
+        if status not in _SNAPSHOT_PROGRESSION.get(str(current), frozenset()):
+            raise ApiError(
+                400, f"Invalid input received: Provided snapshot status {status} not allowed "
+                f"for snapshot with status {current}.",
+            )  # fmt: skip
+
+        def progressed(body: dict[str, Any]) -> dict[str, Any]:
+            body["status"] = status
+            if isinstance(progress, str):
+                body["progress"] = progress
+            return body
+
+        service.change_snapshot(cloud, snapshot_id, frozenset({str(current)}), progressed)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return Response(status_code=202)
+
+
 # -- attachments (3.27+) ----------------------------------------------------------------------
 
 
