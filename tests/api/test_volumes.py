@@ -331,6 +331,17 @@ def test_answers_in_the_shapes_tempest_holds_cinder_to(cloud: RunningCloud) -> N
     member = Volume(cloud, "demo")
     forced = {"os-force_delete": {}}
     assert member.call("POST", act, json=forced).status_code in (403, 404)
+    owned = member.call("POST", "/volumes", json={"volume": {"size": 1}}).json()["volume"]["id"]
+    deadline = time.monotonic() + 30
+    while member.status(owned) != "available" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    theirs = member.call("POST", "/snapshots", json={"snapshot": {"volume_id": owned}})
+    their_act = f"/snapshots/{theirs.json()['snapshot']['id']}/action"
+    # The owner may move a creating snapshot on (Nova does, with its user's token)...
+    assert member.call("POST", their_act, json=progressed).status_code in (202, 400)
+    # ...but only an admin resets a status.
+    reset = {"os-reset_status": {"status": "error"}}
+    assert member.call("POST", their_act, json=reset).status_code == 403
     assert (
         api.call("POST", act, json={"os-reset_status": {"status": "error_deleting"}}).status_code
         == 202

@@ -327,7 +327,8 @@ _SNAPSHOT_PROGRESSION = {
 
 @router.post("/snapshots/{snapshot_id}/action")
 async def snapshot_action(request: Request, project_id: str, snapshot_id: str) -> Response:
-    """An admin's os-reset_status, os-force_delete and os-update_snapshot_status."""
+    """An admin's os-reset_status and os-force_delete; os-update_snapshot_status, which Nova
+    calls with its user's token (assisted snapshots), the snapshot's project's too."""
     ctx = context(request, project_id)
     payload = await json_body(request)
     if not isinstance(payload, dict) or len(payload) != 1:
@@ -336,7 +337,11 @@ async def snapshot_action(request: Request, project_id: str, snapshot_id: str) -
     args = args if isinstance(args, dict) else {}
     if action not in ("os-reset_status", "os-force_delete", "os-update_snapshot_status"):
         raise ApiError(400, f"There is no such action: {action}")
-    _admin(ctx, f"volume_extension:snapshot_admin_actions:{action.removeprefix('os-')}")
+    if action == "os-update_snapshot_status":
+        if not ctx.can_write:
+            raise ApiError(403, "Policy doesn't allow snapshot_extension:snapshot_actions.")
+    else:
+        _admin(ctx, f"volume_extension:snapshot_admin_actions:{action.removeprefix('os-')}")
     cloud = cloud_of(request)
     try:
         service.get_snapshot(cloud, ctx, snapshot_id)
