@@ -206,6 +206,14 @@ def _server_class() -> type:
     return Server
 
 
+ConsoleTokenTtl = Annotated[
+    float,
+    typer.Option(
+        "--console-token-ttl",
+        min=0.1,
+        help="Seconds a console URL's one-time token stays valid (Nova's [consoleauth] token_ttl).",
+    ),
+]
 ApiWait = Annotated[
     float,
     typer.Option(
@@ -327,6 +335,7 @@ def up(
             help="Seconds a deleted server stays SOFT_DELETED (restorable); 0: deletes are final.",
         ),
     ] = 0.0,
+    console_token_ttl: ConsoleTokenTtl = 600.0,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import os
@@ -372,6 +381,7 @@ def up(
         volume_dir=volume_dir.resolve() if volume_dir is not None else None,
         volume_pool_gb=volume_gb,
         reclaim_instance_interval_s=reclaim_instance_interval,
+        console_token_ttl_s=console_token_ttl,
         host_ip=host_ip,
         resume_guests_state_on_host_boot=resume_guests_state_on_host_boot,
     )
@@ -513,6 +523,7 @@ def api_process(
     lockout_duration: LockoutDuration = 1800.0,
     max_request_body_size: MaxBody = 114688,
     bootstrap_password: BootstrapPassword = "stowage-admin",
+    console_token_ttl: ConsoleTokenTtl = 600.0,
     log_format: LogFormat = "kv",
     log_level: LogLevel = "info",
 ) -> None:
@@ -543,6 +554,7 @@ def api_process(
     os.environ["STOWAGE_API_WAIT"] = str(api_wait_seconds)
     os.environ["STOWAGE_API_MAX_PER_REQUEST"] = str(max_instances_per_request)
     os.environ["STOWAGE_API_QUOTA_DRIVER"] = quota_driver
+    os.environ["STOWAGE_API_CONSOLE_TOKEN_TTL"] = str(console_token_ttl)
     console.print(f"Stowage APIs at http://{host}:{port} ({workers} worker(s)).")
     uvicorn.run(
         "stowage.wiring:production_app",
@@ -653,6 +665,18 @@ def agent_process(
             "default: this machine's address on its default route).",
         ),
     ] = None,
+    console_listen: Annotated[
+        str | None,
+        typer.Option(
+            "--console-listen",
+            help="Where the serial console proxy listens for the API's connections "
+            "(default: --host-ip, else this machine's address).",
+        ),
+    ] = None,
+    console_port: Annotated[
+        int,
+        typer.Option("--console-port", help="The serial console proxy's port (0: any free one)."),
+    ] = 0,
     log_format: LogFormat = "kv",
     log_level: LogLevel = "info",
     metrics_port: MetricsPort = 0,
@@ -666,7 +690,14 @@ def agent_process(
     import functools
 
     from stowage.agent.metrics import AgentMetrics
-    from stowage.agent.processes import http_image_sink, make_driver, run_agent, run_until_signal
+    from stowage.agent.processes import (
+        http_image_sink,
+        make_driver,
+        my_ip,
+        run_agent,
+        run_until_signal,
+    )
+    from stowage.agent.server import ConsoleSettings
     from stowage.services.cloud import default_hosts
     from stowage.services.dashboard import heartbeat_ages
     from stowage.telemetry import serve_metrics
@@ -725,7 +756,17 @@ def agent_process(
     asyncio.run(
         run_until_signal(
             lambda stop: run_agent(
-                cloud, spec, the_driver, bus, stop, sink, host_ip, metrics=metrics
+                cloud,
+                spec,
+                the_driver,
+                bus,
+                stop,
+                sink,
+                host_ip,
+                metrics=metrics,
+                console=ConsoleSettings(
+                    console_listen or host_ip or my_ip(), console_port, host_ip or None
+                ),
             )
         )
     )

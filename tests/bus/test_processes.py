@@ -14,6 +14,7 @@ import httpx
 import pytest
 from tests.api.cloudproc import BIN, IMAGE, RunningCloud, free_port
 from tests.conftest import pg_schema_url
+from websockets.sync.client import connect
 
 pytestmark = pytest.mark.postgres
 
@@ -146,6 +147,22 @@ def test_separate_processes_build_move_snapshot_and_delete(
         time.sleep(0.5)
         shown = cloud.osc_json("server", "show", "prod-vm")
     assert (shown["status"], shown["OS-EXT-SRV-ATTR:host"]) == ("ACTIVE", b)
+
+    # The serial console across processes: the API's websocket, a ticket over RabbitMQ, the
+    # agent's console proxy on its host address; the moved guest's console, typed into.
+    url = cloud.osc_json("console", "url", "show", "--serial", "prod-vm")["url"]
+    with connect(url, open_timeout=30) as ws:
+        seen = b""
+        while b"arrived" not in seen:
+            message = ws.recv(timeout=30)
+            assert isinstance(message, bytes)
+            seen += message
+        ws.send(b"over the bus\r")
+        while b"over the bus\r\n" not in seen:
+            message = ws.recv(timeout=30)
+            assert isinstance(message, bytes)
+            seen += message
+    assert "over the bus" in cloud.osc("console", "log", "show", "prod-vm").stdout
 
     cloud.osc("server", "delete", "--wait", "prod-vm")
     assert cloud.osc("server", "show", "prod-vm", check=False).returncode != 0

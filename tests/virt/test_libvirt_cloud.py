@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.api.cloudproc import RunningCloud, start_cloud, stop_cloud
+from websockets.sync.client import ClientConnection, connect
 
 from stowage.virt import guest_image
 
@@ -91,6 +92,16 @@ class _Api:
         found = re.findall(rf"{guest_image.MARKER} boot_id=(\S+)", self.console(name))
         return str(found[-1])
 
+    def serial_console(self, name: str) -> str:
+        """A serial console URL through remote-consoles (2.6+), as openstacksdk asks."""
+        response = self._call(
+            "POST",
+            f"/servers/{self.id_of(name)}/remote-consoles",
+            json={"remote_console": {"protocol": "serial", "type": "serial"}},
+        )
+        assert response.status_code == 200, response.text
+        return str(response.json()["remote_console"]["url"])
+
     def active(self, *names: str) -> None:
         def settled() -> bool:
             shown = [self.server(n) for n in names]
@@ -154,6 +165,19 @@ def _console(cloud: RunningCloud, name: str) -> str:
 def _uptime(text: str) -> int:
     counts = re.findall(rf"{guest_image.UPTIME_PREFIX} (\d+) ", text)
     return int(counts[-1]) if counts else 0
+
+
+def _read_serial(ws: ClientConnection, pattern: str) -> re.Match[str]:
+    """Read the websocket until its text matches `pattern`."""
+    seen = ""
+    deadline = time.monotonic() + BOOT_TIMEOUT_S
+    while (found := re.search(pattern, seen)) is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            pytest.fail(f"no {pattern!r} on the serial console; saw {seen[-2000:]!r}")
+        message = ws.recv(timeout=left)
+        seen += message.decode(errors="replace") if isinstance(message, bytes) else message
+    return found
 
 
 def _server(cloud: RunningCloud, name: str) -> dict[str, str]:
@@ -262,15 +286,20 @@ def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Pa
     assert '"backing-filename"' not in info  # standalone, not an overlay
     create("from-snap", "m1.micro", image="snap")
 
-    # Stop, start, reboot: the guest really stops, and boots again.
+    # Stop, start, reboot: the guest really stops, and boots again; its serial console,
+    # opened as soon as it runs, carries the new boot's output.
     first = api.boot_id("shared")
     cloud.osc("server", "stop", "shared")
     _wait_for(lambda: api.server("shared")["status"] == "SHUTOFF", "shared to stop")
     assert "shut off" in _virsh(cloud, shared["host"], "domstate", f"instance-{shared['id']}")
     cloud.osc("server", "start", "shared")
     _wait_for(lambda: api.server("shared")["status"] == "ACTIVE", "shared to start")
+    with connect(api.serial_console("shared"), open_timeout=30) as ws:
+        booted = _read_serial(ws, rf"{guest_image.MARKER} boot_id=(\S+)\s")
+        _read_serial(ws, rf"{guest_image.UPTIME_PREFIX} \d+ ")  # and it goes on
     _wait_for(lambda: api.boot_id("shared") != first, "a new boot after start")
     second = api.boot_id("shared")
+    assert booted.group(1) == second  # the boot the console log shows
     cloud.osc("server", "reboot", "--hard", "--wait", "shared")
     _wait_for(lambda: api.boot_id("shared") != second, "a new boot after reboot")
 
@@ -278,6 +307,12 @@ def test_real_guests_through_the_openstack_cli(cloud: RunningCloud, tmp_path: Pa
     api.active("from-snap")
     snap_boot = api.boot_id("from-snap")
     _life_cycle_on_a_real_guest(cloud, api, "from-snap", snap_boot)
+
+    # The live-migrated guest's serial console, on its new host, through the CLI's URL.
+    url = cloud.osc_json("console", "url", "show", "--serial", "pinned")["url"]
+    with connect(url, open_timeout=30) as ws:
+        counted = _read_serial(ws, rf"{guest_image.UPTIME_PREFIX} (\d+) ")
+    assert int(counted.group(1)) > before
 
     # `virsh destroy` behind Stowage's back shows in the server's state.
     _virsh(cloud, moved["host"], "destroy", f"instance-{pinned['id']}")

@@ -450,9 +450,12 @@ def test_domains_are_tagged_and_have_a_serial_log(
     root = _xml(conn, iid)
     ns = {"s": METADATA_NS}
     assert root.findtext("metadata/s:instance/s:id", namespaces=ns) == iid
-    serial = root.find("devices/serial/source")
-    assert serial is not None
-    assert serial.get("path") == str(driver.console_dir / f"{iid}.log")
+    # A pty for interactive sessions, logged to the file console_output reads.
+    serial = root.find("devices/serial")
+    assert serial is not None and serial.get("type") == "pty"
+    logged = serial.find("log")
+    assert logged is not None
+    assert logged.get("file") == str(driver.console_dir / f"{iid}.log")
     assert driver.console_output(iid) == ""  # the test driver runs no guest
     with pytest.raises(InstanceNotFound):
         driver.console_output(ids())
@@ -491,8 +494,10 @@ def test_destination_xml_carries_the_destination_claim() -> None:
     assert memnode is not None and memnode.get("nodeset") == "1"
     disk = dest.find("devices/disk/source")
     assert disk is not None and disk.get("file") == "/dst/vm-1.qcow2"
-    serial = dest.find("devices/serial/source")
-    assert serial is not None and serial.get("path") == "/dst/console/vm-1.log"
+    serial = dest.find("devices/serial")
+    assert serial is not None and serial.find("source") is None  # its own pty there
+    logged = serial.find("log")
+    assert logged is not None and logged.get("file") == "/dst/console/vm-1.log"
 
 
 def test_topology_from_capabilities(conn: Any) -> None:

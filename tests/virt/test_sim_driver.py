@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,26 @@ def test_failed_migration_rolls_back_and_the_source_keeps_running(
     with pytest.raises(DriverError) as caught:
         src.abort_migration("vm")
     assert caught.value.code == "virt.migrate.no_job"
+
+
+def test_the_serial_console_shows_the_log_echoes_and_hangs_up(tmp_path: Path) -> None:
+    """A session gets the console so far, the echo of what is typed (each typed line joins
+    the log), the guest's new lines; a newer session or a stopped guest hangs it up."""
+    driver = SimDriver(disk_dir=tmp_path)
+    driver.spawn("vm-s", {0: 1}, [0], 128)
+    said: list[bytes] = []
+    session = driver.open_serial_console("vm-s", said.append)
+    assert said == [b"sim: vm-s booted with 1 vCPUs\n"]
+    session.write(b"ls\x7fs -l\r")
+    assert b"".join(said[1:]) == b"ls\b \bs -l\r\n"
+    assert driver.console_output("vm-s").splitlines()[-1] == "ls -l"
+    later: list[bytes] = []
+    driver.open_serial_console("vm-s", later.append)
+    assert said[-1] == b""  # the older session was hung up
+    session.write(b"ignored\r")
+    assert "ignored" not in driver.console_output("vm-s")
+    driver.power_off("vm-s")
+    assert later[-1] == b""
+    with pytest.raises(DriverError) as caught:
+        driver.open_serial_console("vm-s", later.append)
+    assert caught.value.code == "virt.console.not_running"

@@ -13,7 +13,7 @@ from typing import Any
 from stowage.agent.metrics import AgentMetrics, AgentObserver, observe_agent
 from stowage.agent.reconciler import Reconciler
 from stowage.agent.runtime import AgentConfig
-from stowage.agent.server import AgentServer, ImageUpload
+from stowage.agent.server import AgentServer, ConsoleSettings, ImageUpload
 from stowage.bus.base import LoopBridge, Transport
 from stowage.bus.inproc import InProcTransport
 from stowage.services.caller import SystemCaller
@@ -345,10 +345,18 @@ def _host_names(cloud: Cloud) -> list[str]:
 
 
 def agent_server(
-    cloud: Cloud, host: str, driver: Driver, bus: Transport, image_sink: Any = None
+    cloud: Cloud,
+    host: str,
+    driver: Driver,
+    bus: Transport,
+    image_sink: Any = None,
+    *,
+    console: ConsoleSettings | None = None,
 ) -> AgentServer:
     """A host's agent on the bus, heartbeating into the ledger, snapshots into the images
-    (this process's image store, unless `image_sink` sends them elsewhere)."""
+    (this process's image store, unless `image_sink` sends them elsewhere), its serial
+    console proxy where `console` says (default: on 127.0.0.1, the API being on this
+    machine)."""
 
     def beat() -> None:
         cloud.ledger.heartbeat([host])
@@ -363,6 +371,7 @@ def agent_server(
             max_concurrent_disk_ops=cloud.config.max_concurrent_disk_ops,
         ),
         image_sink=image_sink or make_upload_sink(cloud),
+        console=console or ConsoleSettings(),
     )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stowage.agent.metrics import AgentMetrics, AgentObserver, observe_agent
+from stowage.agent.server import ConsoleSettings
 from stowage.bus.base import Transport
 from stowage.domain.topology import HostSpec
 from stowage.ledger.db import NamedLock
@@ -157,6 +158,7 @@ async def run_agent(
     host_ip: str | None = None,
     *,
     metrics: AgentMetrics | None = None,
+    console: ConsoleSettings | None = None,
 ) -> None:
     """Register the host, then heartbeat and serve its operations until `stop`; snapshots
     go to `image_sink` (the image API over HTTP, in production), its metrics into `metrics`,
@@ -174,7 +176,7 @@ async def run_agent(
         log.info("agent of %s restored %d guest(s) from the ledger", spec.name, len(restored))
     bus = await _connect(bus_url)
     metrics = metrics or AgentMetrics.create()
-    server = agent_server(cloud, spec.name, driver, bus, image_sink)
+    server = agent_server(cloud, spec.name, driver, bus, image_sink, console=console)
     await server.serve()
     reconciler = make_reconciler(cloud, spec.name, server, metrics)
     task: asyncio.Task[Any] = asyncio.create_task(reconciler.run_forever(60.0))

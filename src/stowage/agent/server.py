@@ -19,8 +19,10 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stowage.agent.console_proxy import ConsoleProxy
 from stowage.agent.runtime import Agent, AgentConfig, OpResult
 from stowage.bus.base import Transport, compute_topic, control_topic
 from stowage.virt.driver import (
@@ -36,7 +38,14 @@ from stowage.virt.driver import (
     Nic,
 )
 
-__all__ = ["AgentServer", "ImageSink", "ImageUpload", "compute_topic", "control_topic"]
+__all__ = [
+    "AgentServer",
+    "ConsoleSettings",
+    "ImageSink",
+    "ImageUpload",
+    "compute_topic",
+    "control_topic",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +94,13 @@ ImageSink = Callable[[str, Payload], Awaitable[ImageUpload]]
 
 
 _UNLOCKED = frozenset(
-    {"console_output", "migration_progress", "abort_migration", "force_complete_migration"}
+    {
+        "console_output",
+        "serial_console",
+        "migration_progress",
+        "abort_migration",
+        "force_complete_migration",
+    }
 )
 _NO_LOCK = contextlib.nullcontext()
 # Calls that change what a host runs: one issued before a call already run is stale.
@@ -95,6 +110,16 @@ _FENCED = frozenset(
      "rescue", "unrescue"}
 )  # fmt: skip
 _ISSUED_MAX = 100_000
+
+
+@dataclass(frozen=True)
+class ConsoleSettings:
+    """Where a host's serial console proxy listens (port 0: any free port), and the address
+    the API is told to connect to (default: `listen`)."""
+
+    listen: str = "127.0.0.1"
+    port: int = 0
+    address: str | None = None
 
 
 class _Crashed(Exception):
@@ -116,6 +141,7 @@ class AgentServer:
         crash_restart_s: float = 1.0,
         reconcile: Callable[[], Awaitable[Payload]] | None = None,
         clock: Callable[[], float] = time.time,
+        console: ConsoleSettings | None = None,
     ) -> None:
         self.host = host
         self.clock = clock
@@ -129,6 +155,18 @@ class AgentServer:
         self.reconcile = reconcile  # set by whoever runs the host's reconciler
         self._beat = heartbeat
         self.agent = Agent(driver, self._heartbeat, config)
+        # The serial consoles' TCP end (none: the host offers no interactive console).
+        self.console = (
+            None
+            if console is None
+            else ConsoleProxy(
+                driver,
+                self.agent.in_driver_pool,
+                listen=console.listen,
+                port=console.port,
+                address=console.address,
+            )
+        )
         self._up = asyncio.Event()
         self._locks: dict[str, asyncio.Lock] = {}
         self.crashes = 0
@@ -143,12 +181,16 @@ class AgentServer:
     async def serve(self) -> None:
         """Start the agent and listen on both topics."""
         await self.agent.start()
+        if self.console is not None:
+            await self.console.start()
         self._up.set()
         await self.bus.serve(compute_topic(self.host), self._handle)
         await self.bus.serve(control_topic(self.host), self._control)
 
     async def close(self) -> None:
         self._up.set()  # let waiting handlers run into the closed pools and end
+        if self.console is not None:
+            await self.console.close()
         await self.agent.stop(grace_s=1.0)
 
     @property
@@ -263,6 +305,8 @@ class AgentServer:
             return await self._guest_method(method, payload, op_id)
         if method == "running":
             return {"ok": True, "instances": _running_view(await agent.running())}
+        if method == "serial_console":
+            return await self._serial_console(instance_id, bool(payload.get("ticket")))
         return {"ok": False, "code": "agent.method.unknown", "error": f"no method {method!r}"}
 
     async def _guest_method(self, method: str, payload: Payload, op_id: str) -> Payload:
@@ -317,6 +361,35 @@ class AgentServer:
             return await self._result(await agent.call(op_id, method, instance_id, volume_call))
         guest_call = _guest_call(driver, method, instance_id, payload)
         return await self._result(await agent.call(op_id, method, instance_id, guest_call))
+
+    async def _serial_console(self, instance_id: str, ticket: bool) -> Payload:
+        """Whether the instance runs here with a console to open; with `ticket`, a one-time
+        ticket for a session and where to present it (`ConsoleProxy`)."""
+        if self.console is None:
+            return {
+                "ok": False,
+                "code": "agent.console.unavailable",
+                "error": f"{self.host} offers no serial console proxy",
+            }
+        seen = (await self.agent.running()).get(instance_id)
+        if seen is None:
+            return {
+                "ok": False,
+                "code": InstanceNotFound.code,
+                "error": f"instance {instance_id} is not on {self.host}",
+            }
+        if seen["state"] != InstanceState.RUNNING:
+            return {
+                "ok": False,
+                "code": "virt.console.not_running",
+                "error": f"instance {instance_id} is {seen['state']}, not running",
+            }
+        if not ticket:
+            return {"ok": True}
+        try:
+            return {"ok": True, **self.console.issue(instance_id)}
+        except DriverError as exc:
+            return {"ok": False, "code": exc.code, "error": exc.message}
 
     async def _result(self, result: OpResult) -> Payload:
         if result.ok:

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stowage.api.auth import context_from_token
@@ -30,6 +30,7 @@ from stowage.api.common import (
     www_authenticate,
 )
 from stowage.api.compute import create_compute_app
+from stowage.api.compute.consoles import SERIAL_PATH, serial_console_websocket
 from stowage.api.dashboard import create_dashboard_app
 from stowage.api.identity import create_identity_app
 from stowage.api.image import create_image_app
@@ -224,6 +225,8 @@ def create_app(cloud: Cloud, *, runtime: Runtime | None = None) -> ASGIApp:
         ],
         routes=[
             Route("/metrics", _metrics),
+            # The serial console's websocket proxy (compute's remote-consoles hand out its URL).
+            WebSocketRoute(SERIAL_PATH + "/{server_id}", serial_console_websocket),
             *(Mount(prefix, app=service) for prefix, service in services.items()),
             Route("/dashboard", _to_dashboard),
             Mount("/dashboard", app=create_dashboard_app(cloud, services["/identity"])),

@@ -90,6 +90,8 @@ class CloudConfig:
     # or "unified-limits" (Keystone's registered and project limits, Nova's
     # UnifiedLimitsDriver): services/identity_limits.py.
     quota_driver: str = "legacy"
+    # Nova's [consoleauth] token_ttl: how long a console URL's one-time token stays valid.
+    console_token_ttl_s: float = 600.0
 
     @property
     def base_url(self) -> str:

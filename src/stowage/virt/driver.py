@@ -24,6 +24,8 @@ __all__ = [
     "MigrationTarget",
     "Nic",
     "RunningInstance",
+    "SerialConsole",
+    "SerialOutput",
     "check_guest",
     "guest_for",
 ]
@@ -220,6 +222,21 @@ class MigrationProgress:
 
 ProgressCallback = Callable[[MigrationProgress], None]
 
+SerialOutput = Callable[[bytes], None]
+"""Takes what a guest's serial console says, from any thread; `b""` once: it closed."""
+
+
+class SerialConsole(Protocol):
+    """One open session on a guest's serial console (`Driver.open_serial_console`)."""
+
+    def write(self, data: bytes) -> None:
+        """Send `data` to the guest's serial port; never blocks on the guest."""
+        ...
+
+    def close(self) -> None:
+        """End the session (idempotent); the output callback is called no more."""
+        ...
+
 
 class DriverError(StowageError):
     """An operation failed in an orderly way; the agent reports it as an error result."""
@@ -357,6 +374,12 @@ class Driver(Protocol):
 
     def console_output(self, instance_id: str, length: int | None = None) -> str:
         """The guest's serial console so far; its last `length` lines if given."""
+        ...
+
+    def open_serial_console(self, instance_id: str, output: SerialOutput) -> SerialConsole:
+        """An interactive session on the running guest's serial console: what the guest
+        writes from now on goes to `output`, `write` types into it. A new session takes the
+        console from an older one (which gets `b""`), as a serial line has one end."""
         ...
 
     def export_disk(self, instance_id: str) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """The libvirt hypervisor driver: real guests from the image API, placed by the claim.
 
-Disks are qcow2 overlays on a per-host image cache; the serial console goes to a log file;
+Disks are qcow2 overlays on a per-host image cache; the serial console is a pty that libvirt
+also logs to a file (os-getConsoleOutput reads the file, an interactive session opens the pty
+through libvirt: `open_serial_console`);
 dedicated vCPUs are pinned with strict NUMA memory, shared ones float over the host's shared
 CPU set; live migration goes through libvirt with the destination's own pins in its XML.
 Domains carry Stowage's metadata: any other domain on the host is left alone.
@@ -51,6 +53,7 @@ from stowage.virt.driver import (
     Nic,
     ProgressCallback,
     RunningInstance,
+    SerialOutput,
     guest_for,
 )
 from stowage.virt.images import ImageCache, ImageFetcher, qemu_img, virtual_size
@@ -319,9 +322,13 @@ def domain_xml(
     for nic in guest.nics:
         _interface_element(devices, nic.mac)
     if console_log is not None:
-        serial = ET.SubElement(devices, "serial", type="file")
-        ET.SubElement(serial, "source", path=str(console_log), append="on")
+        # A pty for interactive sessions (virDomainOpenConsole), everything it carries also
+        # in the log file, read by console_output whether anyone is connected or not.
+        serial = ET.SubElement(devices, "serial", type="pty")
+        ET.SubElement(serial, "log", file=str(console_log), append="on")
         ET.SubElement(serial, "target", port="0")
+        console = ET.SubElement(devices, "console", type="pty")
+        ET.SubElement(console, "target", type="serial", port="0")
     return ET.tostring(root, encoding="unicode")
 
 
@@ -841,6 +848,27 @@ class LibvirtDriver:
             lines = text.splitlines(keepends=True)
             text = "".join(lines[-length:]) if length > 0 else ""
         return text
+
+    def open_serial_console(self, instance_id: str, output: SerialOutput) -> _LibvirtSerial:
+        """The domain's serial pty through libvirt (a stream, so this host's agent needs no
+        access to the pty itself); FORCE takes it from an older session."""
+        dom = self._get(instance_id)
+        if not _call(lambda: bool(dom.isActive())):
+            raise DriverError(
+                f"instance {instance_id} is not running: no serial console to open",
+                code="virt.console.not_running",
+            )
+        stream = _call(lambda: self._connection().newStream(libvirt.VIR_STREAM_NONBLOCK))
+        try:
+            _call(lambda: dom.openConsole(None, stream, libvirt.VIR_DOMAIN_CONSOLE_FORCE))
+        except DriverError as exc:
+            with contextlib.suppress(libvirt.libvirtError):
+                stream.abort()
+            raise DriverError(
+                f"instance {instance_id} has no serial console to open: {exc.message}",
+                code="virt.console.unavailable",
+            ) from None
+        return _LibvirtSerial(stream, output)
 
     def pause(self, instance_id: str) -> None:
         _call(self._get(instance_id).suspend)
@@ -1516,6 +1544,80 @@ class LibvirtDriver:
         return taken
 
 
+_STREAM_READ = (
+    libvirt.VIR_STREAM_EVENT_READABLE
+    | libvirt.VIR_STREAM_EVENT_ERROR
+    | libvirt.VIR_STREAM_EVENT_HANGUP
+)
+_STREAM_READ_WRITE = _STREAM_READ | libvirt.VIR_STREAM_EVENT_WRITABLE
+
+
+class _LibvirtSerial:
+    """One session on a domain's console: a non-blocking stream served by libvirt's event
+    loop thread, which reads whatever the guest says and sends what `write` queued (the
+    agent's loop never waits on libvirt)."""
+
+    def __init__(self, stream: Any, output: SerialOutput) -> None:
+        self._stream = stream
+        self._output = output
+        self._lock = threading.Lock()
+        self._pending = bytearray()
+        self._closed = False
+        stream.eventAddCallback(_STREAM_READ, self._event, None)
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._pending += data
+        with contextlib.suppress(libvirt.libvirtError):
+            self._stream.eventUpdateCallback(_STREAM_READ_WRITE)
+
+    def close(self) -> None:
+        self._end(tell=False)
+
+    def _event(self, stream: Any, events: int, _opaque: Any) -> None:
+        """In libvirt's event thread."""
+        try:
+            if events & libvirt.VIR_STREAM_EVENT_READABLE:
+                while not self._closed:
+                    data = stream.recv(16384)
+                    if data == -2:  # nothing more for now
+                        break
+                    if not data:  # the guest's end closed
+                        self._end(tell=True)
+                        return
+                    self._output(bytes(data))
+            if events & libvirt.VIR_STREAM_EVENT_WRITABLE:
+                self._flush()
+        except libvirt.libvirtError:
+            self._end(tell=True)
+            return
+        if events & (libvirt.VIR_STREAM_EVENT_ERROR | libvirt.VIR_STREAM_EVENT_HANGUP):
+            self._end(tell=True)
+
+    def _flush(self) -> None:
+        with self._lock:
+            while self._pending and not self._closed:
+                sent = self._stream.send(bytes(self._pending))
+                if sent == -2:  # the pty is full: wait for the next writable event
+                    return
+                del self._pending[:sent]
+        self._stream.eventUpdateCallback(_STREAM_READ)
+
+    def _end(self, *, tell: bool) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(libvirt.libvirtError):
+            self._stream.eventRemoveCallback()
+        with contextlib.suppress(libvirt.libvirtError):
+            self._stream.abort()
+        if tell:
+            self._output(b"")
+
+
 def _describe(dom: Any) -> tuple[str, str, bool]:
     return str(dom.name()), str(dom.XMLDesc(0)), bool(dom.isActive())
 
@@ -1599,9 +1701,16 @@ def rewrite_for_destination(
         elif target.get("dev") == ROOT_TARGET:
             source.set("file", str(disk))
     for kind in ("serial", "console"):
-        for source in root.findall(f"./devices/{kind}/source"):
-            if source.get("path"):
-                source.set("path", str(console_log))
+        for chardev in root.findall(f"./devices/{kind}"):
+            source, logged = chardev.find("source"), chardev.find("log")
+            if logged is not None:
+                logged.set("file", str(console_log))
+            if source is None:
+                continue
+            if chardev.get("type") == "pty":
+                chardev.remove(source)  # the source's pty: the destination allocates its own
+            elif source.get("path"):
+                source.set("path", str(console_log))  # a guest defined with a file console
     return ET.tostring(root, encoding="unicode")
 
 

@@ -27,6 +27,7 @@ from stowage.virt.driver import (
     Nic,
     ProgressCallback,
     RunningInstance,
+    SerialOutput,
     check_guest,
     guest_for,
 )
@@ -106,6 +107,8 @@ class _Instance:
     rescue_password: str | None = None  # the rescue system's, while rescued
     admin_password: str | None = None  # what the guest agent was told last
     nmis: int = 0  # non-maskable interrupts received
+    serial: _SimSerial | None = None  # the open serial console session
+    typed: str = ""  # what was typed on the serial line since its last newline
 
     def __post_init__(self) -> None:
         if self.guest is not None and not self.nics:
@@ -114,6 +117,23 @@ class _Instance:
 
 def _digest(secret: str | None) -> str | None:
     return None if secret is None else hashlib.sha256(secret.encode()).hexdigest()
+
+
+class _SimSerial:
+    """A session on a simulated guest's serial console: a terminal line whose guest echoes
+    what is typed and keeps each typed line in its console log, as a shell on a serial
+    port would."""
+
+    def __init__(self, driver: SimDriver, instance_id: str, output: SerialOutput) -> None:
+        self.driver = driver
+        self.instance_id = instance_id
+        self.output = output
+
+    def write(self, data: bytes) -> None:
+        self.driver._typed(self, data)
+
+    def close(self) -> None:
+        self.driver._hang_up(self.instance_id, self, tell=False)
 
 
 class SimDriver:
@@ -277,6 +297,7 @@ class SimDriver:
         self._step("destroy", "stop")
         self._set_state(instance_id, InstanceState.SHUTOFF)
         self._step("destroy", "undefine")
+        self._hang_up(instance_id, tell=True)
         with self._lock:
             self._instances.pop(instance_id, None)
         self._step("destroy", "delete_disk")
@@ -444,6 +465,71 @@ class SimDriver:
             lines = lines[-length:] if length > 0 else []
         return "".join(line + "\n" for line in lines)
 
+    def open_serial_console(self, instance_id: str, output: SerialOutput) -> _SimSerial:
+        """The console so far (what `console_output` shows), then what the guest says and
+        the echo of what is typed; an older session is hung up."""
+        session = _SimSerial(self, instance_id, output)
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            if inst is None:
+                raise InstanceNotFound(f"instance {instance_id} is not on this host")
+            if inst.state is not InstanceState.RUNNING or inst.migrating:
+                raise DriverError(
+                    f"instance {instance_id} is {inst.state}: no serial console to open",
+                    code="virt.console.not_running",
+                )
+            older, inst.serial = inst.serial, session
+            history = "".join(line + "\n" for line in inst.console)
+        if older is not None:
+            older.output(b"")
+        output(history.encode())
+        return session
+
+    def _typed(self, session: _SimSerial, data: bytes) -> None:
+        """Echo `data` on the line; each line typed joins the console log."""
+        echo: list[str] = []
+        with self._lock:
+            inst = self._instances.get(session.instance_id)
+            if inst is None or inst.serial is not session:
+                return
+            for char in data.decode(errors="replace"):
+                if char in "\r\n":
+                    inst.console.append(inst.typed)
+                    inst.typed = ""
+                    echo.append("\r\n")
+                elif char in "\x7f\b":
+                    if inst.typed:
+                        inst.typed = inst.typed[:-1]
+                        echo.append("\b \b")
+                else:
+                    inst.typed += char
+                    echo.append(char)
+        if echo:
+            session.output("".join(echo).encode())
+
+    def _hang_up(self, instance_id: str, session: _SimSerial | None = None, *, tell: bool) -> None:
+        """End the instance's serial session (`session` only, if given); `tell` its reader."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            current = None if inst is None else inst.serial
+            if current is None or (session is not None and current is not session):
+                return
+            assert inst is not None
+            inst.serial = None
+        if tell:
+            current.output(b"")
+
+    def _say(self, instance_id: str, line: str) -> None:
+        """The guest prints `line` on its serial console: into the log and to a session."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            if inst is None:
+                return
+            inst.console.append(line)
+            session = inst.serial
+        if session is not None:
+            session.output((line + "\n").encode())
+
     def pause(self, instance_id: str) -> None:
         self._transition("pause", "pause", instance_id, InstanceState.RUNNING, InstanceState.PAUSED)
 
@@ -518,6 +604,7 @@ class SimDriver:
         finally:
             with self._lock:
                 inst.migrating = False
+        self._hang_up(instance_id, tell=True)
         with self._lock:
             self._instances.pop(instance_id, None)
         inst.disk.unlink(missing_ok=True)
@@ -541,7 +628,7 @@ class SimDriver:
         with self._lock:
             inst.migrating = False
             inst.state = InstanceState.RUNNING
-            inst.console.append(arrived)
+        self._say(instance_id, arrived)
 
     def abort_migration(self, instance_id: str) -> None:
         if self.migration_progress(instance_id) is None:
@@ -568,6 +655,7 @@ class SimDriver:
                 code="virt.migrate.not_incoming",
             )
         self._step("rollback_migration", "undefine")
+        self._hang_up(instance_id, tell=True)
         with self._lock:
             self._instances.pop(instance_id, None)
         self._step("rollback_migration", "delete_disk")
@@ -596,9 +684,10 @@ class SimDriver:
     def _boot_console(self, instance_id: str) -> None:
         with self._lock:
             inst = self._instances.get(instance_id)
-            if inst is not None:
-                vcpus = inst.guest.vcpus if inst.guest is not None else len(inst.pins)
-                inst.console.append(f"sim: {instance_id} booted with {vcpus} vCPUs")
+            if inst is None:
+                return
+            vcpus = inst.guest.vcpus if inst.guest is not None else len(inst.pins)
+        self._say(instance_id, f"sim: {instance_id} booted with {vcpus} vCPUs")
 
     def _chunks(self, disk: Path, chunk_bytes: int) -> Iterator[bytes]:
         with disk.open("rb") as f:
@@ -623,6 +712,8 @@ class SimDriver:
         return inst
 
     def _set_state(self, instance_id: str, state: InstanceState) -> None:
+        if state is not InstanceState.RUNNING:
+            self._hang_up(instance_id, tell=True)  # a stopped guest's line goes quiet
         with self._lock:
             inst = self._instances.get(instance_id)
             if inst is not None:

@@ -13,6 +13,7 @@ from stowage.api.compute import (
     availability_zones,
     capacity,
     cloud_status,
+    consoles,
     flavors,
     floating_ips,
     host_evacuate,
@@ -62,6 +63,7 @@ _ROUTERS = (
     cloud_status,
     sim,
     interfaces,
+    consoles,
     volume_attachments,
 )
 

@@ -644,6 +644,10 @@ async def server_action(request: Request, server_id: str) -> Response:
         return await _rebuild(request, ctx, doc, args)
     if action in EXTRA_ACTIONS:
         return await extra_action(request, ctx, doc, action, args)
+    from stowage.api.compute.consoles import CONSOLE_ACTIONS, console_action
+
+    if action in CONSOLE_ACTIONS:
+        return await console_action(request, ctx, doc, action, args)
     if action in FLOATING_ACTIONS:
         return await floating_action(request, ctx, doc, action, args)
     from stowage.api.compute.interfaces import FIXED_IP_ACTIONS, fixed_ip_action

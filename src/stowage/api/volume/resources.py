@@ -21,7 +21,7 @@ from stowage.api.volume.views import (
     type_view,
     writer,
 )
-from stowage.api.volume.volumes import settle, sort_of
+from stowage.api.volume.volumes import offset_of, settle, sort_of
 from stowage.domain.errors import StowageError
 from stowage.services.volumes import attach as attach_service
 from stowage.services.volumes import types as type_service
@@ -87,7 +87,7 @@ async def create_type(request: Request, project_id: str) -> JSONResponse:
         made = type_service.create_type(cloud_of(request), request_body)
     except StowageError as exc:
         raise mapped(exc) from None
-    return JSONResponse({"volume_type": type_view(ctx, made)})
+    return JSONResponse({"volume_type": type_view(ctx, made, answer_of="create")})
 
 
 def _specs(value: Any) -> dict[str, str]:
@@ -112,7 +112,7 @@ async def update_type(request: Request, project_id: str, type_id: str) -> JSONRe
         body = type_service.update_type(cloud_of(request), type_id, changes)
     except StowageError as exc:
         raise mapped(exc) from None
-    return JSONResponse({"volume_type": type_view(ctx, body)})
+    return JSONResponse({"volume_type": type_view(ctx, body, answer_of="update")})
 
 
 @router.delete("/types/{type_id}")
@@ -142,12 +142,48 @@ async def set_specs(request: Request, project_id: str, type_id: str) -> JSONResp
     ctx = context(request, project_id)
     _admin(ctx, "volume_extension:types_extra_specs:create")
     payload = await json_body(request)
-    specs = _specs((payload or {}).get("extra_specs") if isinstance(payload, dict) else None)
+    if not isinstance(payload, dict) or not isinstance(payload.get("extra_specs"), dict):
+        raise ApiError(400, "Malformed request body: 'extra_specs' is required")
+    specs = _specs(payload["extra_specs"])
     try:
         type_service.update_type(cloud_of(request), type_id, {"extra_specs": specs})
     except StowageError as exc:
         raise mapped(exc) from None
     return JSONResponse({"extra_specs": specs})
+
+
+@router.get("/types/{type_id}/extra_specs/{key}")
+async def show_spec(request: Request, project_id: str, type_id: str, key: str) -> JSONResponse:
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:types_extra_specs:show")
+    try:
+        found = service.find_type(cloud_of(request), type_id)
+    except StowageError as exc:
+        raise mapped(exc) from None
+    specs = found.get("extra_specs") or {}
+    if key not in specs:
+        raise ApiError(
+            404, f"Volume Type {type_id} has no extra specs with key {key}."
+        )  # fmt: skip
+    return JSONResponse({key: specs[key]})
+
+
+@router.put("/types/{type_id}/extra_specs/{key}")
+async def update_spec(request: Request, project_id: str, type_id: str, key: str) -> JSONResponse:
+    """One extra spec: the body names exactly the key of the path (Cinder's 400 else)."""
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:types_extra_specs:update")
+    payload = await json_body(request)
+    if not isinstance(payload, dict) or len(payload) != 1:
+        raise ApiError(400, "Request body contains too many items.")
+    if key not in payload:
+        raise ApiError(400, "Request body and URI mismatch")
+    specs = _specs(payload)
+    try:
+        type_service.update_type(cloud_of(request), type_id, {"extra_specs": specs})
+    except StowageError as exc:
+        raise mapped(exc) from None
+    return JSONResponse(specs)
 
 
 @router.delete("/types/{type_id}/extra_specs/{key}")
@@ -195,7 +231,7 @@ async def create_snapshot(request: Request, project_id: str) -> JSONResponse:
     if doc.body["status"] == "creating":
         settle(cloud, "volume_snapshot", doc.id)
     shown = cloud.objects.find("volume_snapshot", doc.id) or doc
-    return JSONResponse({"snapshot": snapshot_view(request, shown)}, status_code=202)
+    return JSONResponse({"snapshot": snapshot_view(request, shown, changed=True)}, status_code=202)
 
 
 def _list_snapshots(request: Request, project_id: str, *, detail: bool) -> JSONResponse:
@@ -212,6 +248,7 @@ def _list_snapshots(request: Request, project_id: str, *, detail: bool) -> JSONR
             sort=sort_of(request),
             limit=parse_limit(query.get("limit"), maximum=1000),
             marker=query.get("marker"),
+            offset=offset_of(request),
         )
     except StowageError as exc:
         raise mapped(exc) from None
@@ -263,7 +300,7 @@ async def update_snapshot(request: Request, project_id: str, snapshot_id: str) -
         doc = service.update_snapshot(cloud_of(request), ctx, snapshot_id, changes)
     except StowageError as exc:
         raise mapped(exc) from None
-    return JSONResponse({"snapshot": snapshot_view(request, doc)})
+    return JSONResponse({"snapshot": snapshot_view(request, doc, changed=True)})
 
 
 @router.delete("/snapshots/{snapshot_id}")
@@ -275,6 +312,66 @@ async def delete_snapshot(request: Request, project_id: str, snapshot_id: str) -
     except StowageError as exc:
         raise mapped(exc) from None
     settle(cloud, "volume_snapshot", snapshot_id)
+    return Response(status_code=202)
+
+
+_SNAPSHOT_STATUSES = frozenset(
+    {"creating", "available", "deleting", "error", "error_deleting", "backing-up", "restoring"}
+)
+# os-update_snapshot_status: the status a snapshot may go to from its current one (Cinder's).
+_SNAPSHOT_PROGRESSION = {
+    "creating": frozenset({"creating", "available", "error"}),
+    "deleting": frozenset({"deleting", "error_deleting"}),
+}
+
+
+@router.post("/snapshots/{snapshot_id}/action")
+async def snapshot_action(request: Request, project_id: str, snapshot_id: str) -> Response:
+    """An admin's os-reset_status and os-force_delete; os-update_snapshot_status, which Nova
+    calls with its user's token (assisted snapshots), the snapshot's project's too."""
+    ctx = context(request, project_id)
+    payload = await json_body(request)
+    if not isinstance(payload, dict) or len(payload) != 1:
+        raise ApiError(400, "Invalid request body: the body must name exactly one action")
+    action, args = next(iter(payload.items()))
+    args = args if isinstance(args, dict) else {}
+    if action not in ("os-reset_status", "os-force_delete", "os-update_snapshot_status"):
+        raise ApiError(400, f"There is no such action: {action}")
+    if action == "os-update_snapshot_status":
+        if not ctx.can_write:
+            raise ApiError(403, "Policy doesn't allow snapshot_extension:snapshot_actions.")
+    else:
+        _admin(ctx, f"volume_extension:snapshot_admin_actions:{action.removeprefix('os-')}")
+    cloud = cloud_of(request)
+    try:
+        service.get_snapshot(cloud, ctx, snapshot_id)
+        if action == "os-force_delete":
+            service.delete_snapshot(cloud, ctx, snapshot_id, force=True)
+            settle(cloud, "volume_snapshot", snapshot_id)
+            return Response(status_code=202)
+        status = args.get("status")
+        if status not in _SNAPSHOT_STATUSES:
+            raise ApiError(400, f"Invalid input received: Must specify a valid status ({status})")
+        if action == "os-reset_status":
+            service.change_snapshot(cloud, snapshot_id, None, lambda b: {**b, "status": status})
+            return Response(status_code=202)
+        progress = args.get("progress")
+        current = service.get_snapshot(cloud, ctx, snapshot_id).body.get("status")
+        if status not in _SNAPSHOT_PROGRESSION.get(str(current), frozenset()):
+            raise ApiError(
+                400, f"Invalid input received: Provided snapshot status {status} not allowed "
+                f"for snapshot with status {current}.",
+            )  # fmt: skip
+
+        def progressed(body: dict[str, Any]) -> dict[str, Any]:
+            body["status"] = status
+            if isinstance(progress, str):
+                body["progress"] = progress
+            return body
+
+        service.change_snapshot(cloud, snapshot_id, frozenset({str(current)}), progressed)
+    except StowageError as exc:
+        raise mapped(exc) from None
     return Response(status_code=202)
 
 
@@ -475,6 +572,14 @@ async def services(request: Request, project_id: str) -> JSONResponse:
         ("cinder-scheduler", "stowage"),
         ("cinder-volume", f"stowage@{backend_of(cloud).kind}"),
     ]
+    query = request.query_params
+    rows = [
+        (binary, host)
+        for binary, host in rows
+        if query.get("binary") in (None, binary)
+        # A host filter names the host, or the host of a backend (host@backend), as Cinder's.
+        and query.get("host") in (None, host, host.split("@", 1)[0])
+    ]
     out = []
     for binary, host in rows:
         row: dict[str, Any] = {
@@ -512,6 +617,8 @@ async def get_pools(request: Request, project_id: str) -> JSONResponse:
                 "pool_name": pool.name,
                 "volume_backend_name": pool.backend,
                 "storage_protocol": "local",
+                "vendor_name": VENDOR,
+                "driver_version": DRIVER_VERSION,
                 "total_capacity_gb": pool.total_gb,
                 "free_capacity_gb": pool.free_gb,
                 "allocated_capacity_gb": pool.used_gb,
@@ -523,6 +630,80 @@ async def get_pools(request: Request, project_id: str) -> JSONResponse:
             }
         out.append(row)
     return JSONResponse({"pools": out})
+
+
+@router.get("/capabilities/{host}")
+async def capabilities(request: Request, project_id: str, host: str) -> JSONResponse:
+    """The backend's capabilities (admin only); `host` as get_pools names it, with or without
+    its `#pool`."""
+    ctx = context(request, project_id)
+    _admin(ctx, "volume_extension:capabilities")
+    cloud = cloud_of(request)
+    from stowage.services.volumes import backend_of, pool_host
+
+    backend_host = pool_host(cloud).split("#", 1)[0]
+    if host.split("#", 1)[0] != backend_host:
+        raise ApiError(404, f"Service {host} could not be found.")
+    return JSONResponse(
+        {
+            "namespace": f"OS::Storage::Capabilities::{backend_host}",
+            "vendor_name": VENDOR,
+            "volume_backend_name": backend_of(cloud).kind,
+            "pool_name": None,
+            "driver_version": DRIVER_VERSION,
+            "storage_protocol": "local",
+            "display_name": None,
+            "description": None,
+            "visibility": None,
+            "replication_targets": [],
+            "properties": {},
+        }
+    )
+
+
+VENDOR = "Stowage"
+DRIVER_VERSION = "1.0.0"
+
+# The extensions of Cinder's that this API carries (GET /extensions): their fields and
+# routes are served as Cinder's are.
+_EXTENSIONS = (
+    ("AdminActions", "os-admin-actions", "Enable admin actions."),
+    ("AvailabilityZones", "os-availability-zone", "Describe Availability Zones."),
+    ("ExtendedSnapshotAttributes", "os-extended-snapshot-attributes",
+     "Extended SnapshotAttributes support."),
+    ("QuotaSets", "os-quota-sets", "Quota management support."),
+    ("SchedulerStats", "scheduler-stats", "Scheduler stats support."),
+    ("Services", "os-services", "Services support."),
+    ("TypesExtraSpecs", "os-types-extra-specs", "Type extra specs support."),
+    ("TypesManage", "os-types-manage", "Types manage support."),
+    ("VolumeActions", "os-volume-actions", "Enable volume actions."),
+    ("VolumeHostAttribute", "os-vol-host-attr", "Expose host as an attribute of a volume."),
+    ("VolumeImageMetadata", "os-vol-image-meta", "Show the volume's image metadata."),
+    ("VolumeMigStatusAttribute", "os-vol-mig-status-attr",
+     "Expose migration_status as an attribute of a volume."),
+    ("VolumeTenantAttribute", "os-vol-tenant-attr", "Expose project_id as a volume's attribute."),
+    ("VolumeTypeAccess", "os-volume-type-access", "Volume type access support."),
+    ("Capabilities", "capabilities", "Capabilities support."),
+)  # fmt: skip
+
+
+@router.get("/extensions")
+async def extensions(request: Request, project_id: str) -> JSONResponse:
+    context(request, project_id)
+    return JSONResponse(
+        {
+            "extensions": [
+                {
+                    "alias": alias,
+                    "name": name,
+                    "description": description,
+                    "links": [],
+                    "updated": "2013-01-01T00:00:00+00:00",
+                }
+                for name, alias, description in _EXTENSIONS
+            ]
+        }
+    )
 
 
 # Cinder's resources this cloud does not have: refused (501), not answered as unknown paths.

@@ -71,8 +71,11 @@ def _links(request: Request, kind: str, item_id: str, project_id: str) -> list[d
 
 
 def volume_view(
-    request: Request, ctx: Context, doc: Document, *, brief: bool = False
+    request: Request, ctx: Context, doc: Document, *, brief: bool = False, changed: bool = False
 ) -> dict[str, Any]:
+    """Cinder's volume; `changed` for the answer of a create or an update, which lacks what
+    Cinder's show and detail extensions add (tenant, host and migration attributes, image
+    metadata)."""
     body = doc.body
     links = _links(request, "volumes", doc.id, ctx.project_id)
     if brief:
@@ -113,11 +116,12 @@ def volume_view(
         "consistencygroup_id": None,
         "multiattach": bool(body.get("multiattach")),
         "migration_status": None,
-        "os-vol-tenant-attr:tenant_id": body.get("project_id"),
     }
-    if body.get("volume_image_metadata"):
+    if not changed:
+        view["os-vol-tenant-attr:tenant_id"] = body.get("project_id")
+    if body.get("volume_image_metadata") and not changed:
         view["volume_image_metadata"] = body["volume_image_metadata"]
-    if ctx.is_admin:
+    if ctx.is_admin and not changed:
         view["os-vol-host-attr:host"] = pool_host(cloud_of(request))
         view["os-vol-mig-status-attr:migstat"] = None
         view["os-vol-mig-status-attr:name_id"] = None
@@ -137,7 +141,9 @@ def volume_view(
     return view
 
 
-def snapshot_view(request: Request, doc: Document) -> dict[str, Any]:
+def snapshot_view(request: Request, doc: Document, *, changed: bool = False) -> dict[str, Any]:
+    """Cinder's snapshot; `changed` for a create's or update's answer, which lacks the
+    extended-snapshot-attributes extension's fields (it extends show and detail only)."""
     body = doc.body
     view: dict[str, Any] = {
         "id": doc.id,
@@ -149,9 +155,10 @@ def snapshot_view(request: Request, doc: Document) -> dict[str, Any]:
         "created_at": iso(doc.created_at),
         "updated_at": iso(doc.updated_at),
         "metadata": body.get("metadata") or {},
-        "os-extended-snapshot-attributes:progress": body.get("progress", "0%"),
-        "os-extended-snapshot-attributes:project_id": body.get("project_id"),
     }
+    if not changed:
+        view["os-extended-snapshot-attributes:progress"] = body.get("progress", "0%")
+        view["os-extended-snapshot-attributes:project_id"] = body.get("project_id")
     version = vmv(request)
     if version >= (3, 14):
         view["group_snapshot_id"] = None
@@ -162,8 +169,10 @@ def snapshot_view(request: Request, doc: Document) -> dict[str, Any]:
     return view
 
 
-def type_view(ctx: Context, body: dict[str, Any]) -> dict[str, Any]:
-    return {
+def type_view(ctx: Context, body: dict[str, Any], *, answer_of: str = "show") -> dict[str, Any]:
+    """A volume type as Cinder shows it; a create's answer (`answer_of="create"`) has no
+    `qos_specs_id`, an update's neither that nor the type-access extension's field."""
+    view = {
         "id": body["id"],
         "name": body["name"],
         "description": body.get("description"),
@@ -172,6 +181,11 @@ def type_view(ctx: Context, body: dict[str, Any]) -> dict[str, Any]:
         "extra_specs": dict(body.get("extra_specs") or {}) if ctx.is_admin else {},
         "qos_specs_id": None,
     }
+    if answer_of in ("create", "update"):
+        del view["qos_specs_id"]
+    if answer_of == "update":
+        del view["os-volume-type-access:is_public"]
+    return view
 
 
 def attachment_view(one: dict[str, Any], *, detail: bool = True) -> dict[str, Any]:

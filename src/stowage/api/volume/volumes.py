@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from stowage.api.auth import cloud_of
 from stowage.api.common import ApiError, Context, json_body, parse_limit
 from stowage.api.responses import JSONResponse
+from stowage.api.volume.metadata import check_metadata
 from stowage.api.volume.microversion import vmv
 from stowage.api.volume.views import context, mapped, volume_view, writer
 from stowage.domain.errors import StowageError
@@ -20,7 +21,7 @@ from stowage.services.cloud import Cloud
 from stowage.services.volumes import attach as attach_service
 from stowage.services.volumes import volumes as service
 
-__all__ = ["router", "settle"]
+__all__ = ["offset_of", "router", "settle", "sort_of"]
 
 router = APIRouter()
 
@@ -90,17 +91,6 @@ def _member(payload: Any, key: str) -> dict[str, Any]:
     return found
 
 
-def _metadata(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 255 and len(v) <= 255
-        for k, v in value.items()
-    ):
-        raise ApiError(400, "Invalid input for field/attribute metadata: strings of 1-255 only")
-    return dict(value)
-
-
 def _text(value: Any, field: str, limit: int = 255) -> str | None:
     if value is None:
         return None
@@ -143,7 +133,7 @@ async def create_volume(request: Request, project_id: str) -> JSONResponse:
         "source_volid": volume.get("source_volid"),
         "imageRef": volume.get("imageRef") or volume.get("image_id"),
         "backup_id": volume.get("backup_id"),
-        "metadata": _metadata(volume.get("metadata")),
+        "metadata": check_metadata(volume.get("metadata")),
         "multiattach": volume.get("multiattach") is True,
     }
     try:
@@ -153,7 +143,7 @@ async def create_volume(request: Request, project_id: str) -> JSONResponse:
     if doc.body["status"] == "creating":
         settle(cloud, "volume", doc.id)
     shown = cloud.objects.find("volume", doc.id) or doc
-    return JSONResponse({"volume": volume_view(request, ctx, shown)}, status_code=202)
+    return JSONResponse({"volume": volume_view(request, ctx, shown, changed=True)}, status_code=202)
 
 
 def _filters(request: Request, ctx: Context) -> dict[str, Any]:
@@ -201,6 +191,20 @@ def sort_of(request: Request) -> list[tuple[str, str]] | None:
     return None
 
 
+def offset_of(request: Request) -> int:
+    """The `offset` of a list (Cinder's, beside marker and limit): 400 unless 0 or more."""
+    given = request.query_params.get("offset")
+    if given is None:
+        return 0
+    try:
+        offset = int(given)
+    except ValueError:
+        offset = -1
+    if offset < 0:
+        raise ApiError(400, f"Invalid input received: offset {given!r} is not 0 or more")
+    return offset
+
+
 def _list(request: Request, project_id: str, *, detail: bool) -> JSONResponse:
     ctx = context(request, project_id)
     cloud = cloud_of(request)
@@ -216,6 +220,7 @@ def _list(request: Request, project_id: str, *, detail: bool) -> JSONResponse:
             sort=sort_of(request),
             limit=None,
             marker=request.query_params.get("marker"),
+            offset=offset_of(request),
         )
     except StowageError as exc:
         raise mapped(exc) from None
@@ -223,7 +228,9 @@ def _list(request: Request, project_id: str, *, detail: bool) -> JSONResponse:
     body: dict[str, Any] = {
         "volumes": [volume_view(request, ctx, d, brief=not detail) for d in page]
     }
-    if limit is not None and len(docs) > limit and page:
+    # A full page links to the next, even if that one is empty (Cinder's, which Tempest
+    # pins down).
+    if limit is not None and len(page) == limit and page:
         base = cloud.config.base_url
         suffix = "/detail" if detail else ""
         body["volumes_links"] = [
@@ -290,12 +297,12 @@ async def update_volume(request: Request, project_id: str, volume_id: str) -> JS
             volume.get("description", volume.get("display_description")), "description", 65535
         )
     if "metadata" in volume:
-        changes["metadata"] = _metadata(volume["metadata"])
+        changes["metadata"] = check_metadata(volume["metadata"])
     try:
         doc = service.update_volume(cloud_of(request), ctx, volume_id, changes)
     except StowageError as exc:
         raise mapped(exc) from None
-    return JSONResponse({"volume": volume_view(request, ctx, doc)})
+    return JSONResponse({"volume": volume_view(request, ctx, doc, changed=True)})
 
 
 @router.delete("/volumes/{volume_id}")
@@ -317,59 +324,6 @@ async def delete_volume(request: Request, project_id: str, volume_id: str) -> Re
             settle(cloud, "volume_snapshot", snap.id)
     settle(cloud, "volume", volume_id)
     return Response(status_code=202)
-
-
-# -- metadata ---------------------------------------------------------------------------------
-
-
-@router.get("/volumes/{volume_id}/metadata")
-async def show_metadata(request: Request, project_id: str, volume_id: str) -> JSONResponse:
-    ctx = context(request, project_id)
-    return JSONResponse({"metadata": _load(request, ctx, volume_id).body.get("metadata") or {}})
-
-
-async def _set_metadata(
-    request: Request, project_id: str, volume_id: str, *, replace: bool
-) -> JSONResponse:
-    ctx = writer(request, project_id, "volume:update_volume_metadata")
-    payload = await json_body(request)
-    if not isinstance(payload, dict) or "metadata" not in payload:
-        raise ApiError(400, "Malformed request body: 'metadata' is required")
-    given = _metadata(payload["metadata"])
-    doc = _load(request, ctx, volume_id)
-    merged = given if replace else {**(doc.body.get("metadata") or {}), **given}
-    try:
-        updated = service.update_volume(cloud_of(request), ctx, volume_id, {"metadata": merged})
-    except StowageError as exc:
-        raise mapped(exc) from None
-    return JSONResponse({"metadata": updated.body.get("metadata") or {}})
-
-
-@router.post("/volumes/{volume_id}/metadata")
-async def add_metadata(request: Request, project_id: str, volume_id: str) -> JSONResponse:
-    return await _set_metadata(request, project_id, volume_id, replace=False)
-
-
-@router.put("/volumes/{volume_id}/metadata")
-async def replace_metadata(request: Request, project_id: str, volume_id: str) -> JSONResponse:
-    return await _set_metadata(request, project_id, volume_id, replace=True)
-
-
-@router.delete("/volumes/{volume_id}/metadata/{key}")
-async def delete_metadata_key(
-    request: Request, project_id: str, volume_id: str, key: str
-) -> Response:
-    ctx = writer(request, project_id, "volume:delete_volume_metadata")
-    doc = _load(request, ctx, volume_id)
-    metadata = dict(doc.body.get("metadata") or {})
-    if key not in metadata:
-        raise ApiError(404, f"Metadata item was not found: {key}")
-    del metadata[key]
-    try:
-        service.update_volume(cloud_of(request), ctx, volume_id, {"metadata": metadata})
-    except StowageError as exc:
-        raise mapped(exc) from None
-    return Response(status_code=200)
 
 
 # -- actions ----------------------------------------------------------------------------------
@@ -484,7 +438,7 @@ def _image_metadata(cloud: Cloud, volume_id: str, action: str, args: dict[str, A
         doc = cloud.objects.get("volume", volume_id)
         return JSONResponse({"metadata": doc.body.get("volume_image_metadata") or {}})
     if action == "os-set_image_metadata":
-        given = _metadata(args.get("metadata"))
+        given = check_metadata(args.get("metadata"))
 
         def put(body: dict[str, Any]) -> dict[str, Any]:
             body["volume_image_metadata"] = {**(body.get("volume_image_metadata") or {}), **given}

@@ -489,7 +489,8 @@ def create_snapshot(cloud: Cloud, caller: VolumeCaller, request: Mapping[str, An
     """A snapshot of a volume: document `creating`, quota and claim in one commit."""
     volume_id = request.get("volume_id")
     if not isinstance(volume_id, str) or not volume_id:
-        raise InvalidVolume("Invalid input for field/attribute volume_id: a volume is required")
+        # Cinder looks the volume up first: no volume id is a volume not found.
+        raise NotFound(f"Volume {volume_id} could not be found.")
     volume = get_volume(cloud, caller, volume_id)
     force = str(request.get("force", False)).lower() in ("true", "1", "yes")
     allowed = {"available", "in-use"} if force else {"available"}
@@ -538,16 +539,32 @@ def update_snapshot(
     return cloud.objects.get(SNAPSHOT, snapshot_id)
 
 
-def delete_snapshot(cloud: Cloud, caller: VolumeCaller, snapshot_id: str) -> None:
+def delete_snapshot(
+    cloud: Cloud, caller: VolumeCaller, snapshot_id: str, *, force: bool = False
+) -> None:
+    """Mark the snapshot `deleting` (from available or error; from any status with `force`,
+    an admin's os-force_delete); the backend's work follows as a durable intent."""
     get_snapshot(cloud, caller, snapshot_id)
     _transition(
         cloud,
         SNAPSHOT,
         snapshot_id,
-        frozenset({"available", "error"}),
+        None if force else frozenset({"available", "error"}),
         lambda b: {**b, "status": "deleting"},
         refusal="Invalid snapshot: Volume Snapshot status must be available or error",
     )
+
+
+def change_snapshot(
+    cloud: Cloud,
+    snapshot_id: str,
+    allowed: frozenset[str] | None,
+    change: Callable[[dict[str, Any]], dict[str, Any]],
+    refusal: str = "",
+) -> dict[str, Any]:
+    """An admin's change of a snapshot's status (os-reset_status, os-update_snapshot_status),
+    from a status in `allowed` (None: any), compare-and-swap."""
+    return _transition(cloud, SNAPSHOT, snapshot_id, allowed, change, refusal=refusal)
 
 
 # -- the durable intents, driven --------------------------------------------------------------
@@ -659,15 +676,18 @@ def list_docs(
     sort: list[tuple[str, str]] | None = None,
     limit: int | None = None,
     marker: str | None = None,
+    offset: int = 0,
 ) -> list[Document]:
     """The caller's volumes or snapshots (every project's for an admin asking for them),
     filtered by exact field values (`metadata`: every given key and value; a name ending
-    in `~`: a substring), sorted, then paged after `marker`."""
+    in `~`: a substring), sorted (`display_name` is `name`, as Cinder maps it), then paged
+    after `marker`, `offset` skipped."""
     project = None if caller.is_admin and all_projects else caller.project_id
     if caller.is_admin and all_projects and filters.get("project_id"):
         project = str(filters["project_id"])
     docs = [d for d in cloud.objects.list(kind, project_id=project) if _matches(d, filters)]
-    for key, direction in reversed(sort or [("created_at", "desc")]):
+    for given, direction in reversed(sort or [("created_at", "desc")]):
+        key = "name" if given == "display_name" else given
         if key not in _SORT_KEYS:
             raise InvalidVolume(f"Invalid input received: Invalid sort key {key}")
 
@@ -683,6 +703,7 @@ def list_docs(
         if marker not in ids:
             raise NotFound(f"Marker {marker} could not be found.")
         docs = docs[ids.index(marker) + 1 :]
+    docs = docs[offset:]
     return docs if limit is None else docs[:limit]
 
 
