@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+import pytest
+
 from stowage.domain.claims import GroupSlot
 from stowage.domain.flavor import Flavor, InstanceShape, shape_of
 from stowage.domain.groups import parse_group
@@ -217,6 +219,11 @@ def test_the_next_scan_starts_past_the_first_host_that_passed() -> None:
 
     assert evens.asked[0] == first % 40 + 1  # the hosts before `first` are not asked again
     assert second == first + 2 or (first == 40 and second == 2)
+
+
+def test_a_block_of_no_hosts_is_refused() -> None:
+    with pytest.raises(ValueError, match="block_hosts"):
+        Pipeline(block_hosts=0)
 
 
 # --- weighers ---------------------------------------------------------------------------
