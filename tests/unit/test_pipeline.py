@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+import pytest
+
 from stowage.domain.claims import GroupSlot
 from stowage.domain.flavor import Flavor, InstanceShape, shape_of
 from stowage.domain.groups import parse_group
@@ -183,6 +185,45 @@ def test_the_scan_stops_at_the_limit_even_past_rejected_hosts() -> None:
     assert evens.asked[-1] % 2 == 0  # the scan ended on the fourth candidate
     assert decision.claim is not None
     assert decision.claim.host_id in passed
+
+
+def test_consecutive_requests_fill_the_hosts_round_robin() -> None:
+    view = view_of(host(i, topology=ONE_CELL) for i in range(1, 21))
+
+    decisions = Pipeline(rng=random.Random(3)).plan(view, [req(f"vm-{i}") for i in range(20)], NOW)
+
+    assert sorted(d.claim.host_id for d in decisions if d.claim is not None) == list(range(1, 21))
+
+
+def test_a_batch_lands_on_few_blocks_of_neighbouring_host_ids() -> None:
+    # 64 requests on 1,000 hosts: a random start per request would touch about 60 blocks.
+    view = view_of(host(i, topology=ONE_CELL) for i in range(1, 1001))
+
+    decisions = Pipeline(rng=random.Random(5), block_hosts=32).plan(
+        view, [req(f"vm-{i}") for i in range(64)], NOW
+    )
+
+    blocks = {(d.claim.host_id - 1) // 32 for d in decisions if d.claim is not None}
+    assert len(decisions) == 64
+    assert len(blocks) <= 4
+
+
+def test_the_next_scan_starts_past_the_first_host_that_passed() -> None:
+    view = view_of(host(i, topology=ONE_CELL) for i in range(1, 41))
+    evens = OnlyHosts(range(2, 41, 2))
+    pipeline = Pipeline([evens], [], candidates_max=1, block_hosts=40)
+
+    first = picked(pipeline, view, req("a"))
+    evens.asked.clear()
+    second = picked(pipeline, view, req("b"))
+
+    assert evens.asked[0] == first % 40 + 1  # the hosts before `first` are not asked again
+    assert second == first + 2 or (first == 40 and second == 2)
+
+
+def test_a_block_of_no_hosts_is_refused() -> None:
+    with pytest.raises(ValueError, match="block_hosts"):
+        Pipeline(block_hosts=0)
 
 
 # --- weighers ---------------------------------------------------------------------------

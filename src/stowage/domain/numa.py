@@ -216,7 +216,7 @@ def _pick_prefer(
     cores: Sequence[frozenset[int]], free: frozenset[int], count: int
 ) -> tuple[list[int], frozenset[int]] | str:
     free_by_core = [core & free for core in cores]
-    if sum(len(f) for f in free_by_core) < count:
+    if sum(map(len, free_by_core)) < count:
         return f"need {count} dedicated CPUs on one NUMA cell"
     # Fill whole sibling sets first, so the guest's threads share cores as on real hardware,
     # then take the remainder from the core that fits it most tightly.

@@ -61,6 +61,12 @@ class AvailabilityZoneFilter:
         return None
 
 
+_MEMORY_MB = ResourceClass.MEMORY_MB
+_VCPU = ResourceClass.VCPU
+_PCPU = ResourceClass.PCPU
+_DISK_GB = ResourceClass.DISK_GB
+
+
 def _lacks(host: HostState, rc: ResourceClass, amount: int) -> str | None:
     if amount <= 0:
         return None
@@ -79,7 +85,7 @@ class RamFilter:
         return True
 
     def filter(self, request: Request, host: HostState, state: CycleState) -> str | None:
-        return _lacks(host, ResourceClass.MEMORY_MB, request.shape.memory_mb)
+        return _lacks(host, _MEMORY_MB, request.shape.memory_mb)
 
 
 class CpuFilter:
@@ -93,9 +99,9 @@ class CpuFilter:
     def filter(self, request: Request, host: HostState, state: CycleState) -> str | None:
         shape = request.shape
         dedicated = len(shape.dedicated_vcpus)
-        return _lacks(host, ResourceClass.VCPU, shape.vcpus - dedicated) or _lacks(
-            host, ResourceClass.PCPU, dedicated
-        )
+        if dedicated:
+            return _lacks(host, _VCPU, shape.vcpus - dedicated) or _lacks(host, _PCPU, dedicated)
+        return _lacks(host, _VCPU, shape.vcpus)
 
 
 class DiskFilter:
@@ -105,7 +111,7 @@ class DiskFilter:
         return request.shape.disk_gb > 0
 
     def filter(self, request: Request, host: HostState, state: CycleState) -> str | None:
-        return _lacks(host, ResourceClass.DISK_GB, request.shape.disk_gb)
+        return _lacks(host, _DISK_GB, request.shape.disk_gb)
 
 
 class NumaTopologyFilter:

@@ -1,8 +1,14 @@
 """The decision cycle: filter, weigh, pick, and turn the pick into a claim; explain refusals.
 
-Hosts are visited from a random offset in a shuffled order and the scan stops after
-`candidates_max` hosts pass (Nomad's limit on feasible nodes), so a decision costs about the
-same at 100 hosts as at 10,000 while the cloud has room. When few hosts fit, it scans them all.
+The scan stops after `candidates_max` hosts pass (Nomad's limit on feasible nodes), so a
+decision costs about the same at 100 hosts as at 100,000 while the cloud has room; when few
+hosts fit, it scans them all. Hosts are visited in an order of shuffled blocks of
+`block_hosts` neighbouring ids, from a cursor that each decision leaves just past its first
+passing host (the Kubernetes scheduler's `nextStartNodeIndex`): consecutive requests see
+overlapping windows and the cloud fills round robin. Neighbouring requests then land on
+neighbouring host ids, so a batch's claim touches a few pages of every table keyed by host
+instead of one page per claim; the shuffled blocks keep a label domain that follows the ids
+(a rack) from holding a scan up for more than a block.
 
 With `shard=(index, count)`, a worker visits the hosts whose id is `index` modulo `count`
 first and the others after: several workers then mostly claim on disjoint hosts, so their
@@ -68,6 +74,7 @@ class Pipeline:
         candidates_max: int = 8,
         rng: random.Random | None = None,
         shard: tuple[int, int] | None = None,
+        block_hosts: int = 32,
     ) -> None:
         self.filters: list[Filter] = list(filters if filters is not None else default_filters())
         self.weighers: list[Weigher] = list(
@@ -78,7 +85,11 @@ class Pipeline:
         if shard is not None and not 0 <= shard[0] < shard[1]:
             raise ValueError(f"shard index {shard[0]} is not in 0..{shard[1] - 1}")
         self.shard = shard
+        if block_hosts < 1:
+            raise ValueError("block_hosts must be at least 1")
+        self.block_hosts = block_hosts
         self._order: list[list[int]] = []
+        self._cursors: list[int] = []
         self._order_view: View | None = None
         self._order_len = -1
 
@@ -94,34 +105,36 @@ class Pipeline:
 
     def decide(self, view: View, request: Request, now: float) -> Decision:
         state = CycleState(now=now, group=view.groups.get(request.group_id or ""))
-        active = [f for f in self.filters if f.prefilter(request, view, state)]
+        # Bound methods with their names: the scan below is the hot loop of a decision.
+        active = [(f.filter, f.name) for f in self.filters if f.prefilter(request, view, state)]
         parts = self._host_order(view)
         diagnosis = Diagnosis(len(view.hosts))
         candidates: list[HostState] = []
         hosts = view.hosts
         want = self.candidates_max
-        for order in parts:
+        cursors = self._cursors
+        for part, order in enumerate(parts):
             n = len(order)
-            start = self.rng.randrange(n) if n else 0
+            start = cursors[part]
+            first = -1
             for i in range(n):
                 host = hosts[order[(start + i) % n]]
-                for plugin in active:
-                    reason = plugin.filter(request, host, state)
+                for check, name in active:
+                    reason = check(request, host, state)
                     if reason is not None:
-                        diagnosis.note(plugin.name, reason)
+                        diagnosis.note(name, reason)
                         break
                 else:
                     candidates.append(host)
+                    if first < 0:
+                        first = i
                     if len(candidates) >= want:
                         break
+            if first >= 0:
+                cursors[part] = (start + first + 1) % n
             if len(candidates) >= want:
                 break
-        weighers = [w for w in self.weighers if w.active(request, state)]
-        ranked = sorted(
-            candidates,
-            key=lambda h: -sum(w.multiplier * w.weigh(request, h, state) for w in weighers),
-        )
-        for host in ranked:
+        for host in self._ranked(request, candidates, state):
             claim = self._claim(request, host, state)
             if isinstance(claim, str):
                 diagnosis.note("numa_topology", claim)
@@ -129,22 +142,45 @@ class Pipeline:
             return Decision(request, claim)
         return Decision(request, None, diagnosis)
 
+    def _ranked(
+        self, request: Request, candidates: list[HostState], state: CycleState
+    ) -> list[HostState]:
+        """Candidates by descending weighted score; ties keep the scan's order."""
+        weighers = [(w.weigh, w.multiplier) for w in self.weighers if w.active(request, state)]
+        if len(candidates) < 2 or not weighers:
+            return candidates
+        scores: list[float] = []
+        for host in candidates:
+            score = 0.0  # negated, so that an ascending sort ranks the best first
+            for weigh, multiplier in weighers:
+                score -= multiplier * weigh(request, host, state)
+            scores.append(score)
+        order = sorted(range(len(candidates)), key=scores.__getitem__)
+        return [candidates[i] for i in order]
+
     def _host_order(self, view: View) -> list[list[int]]:
-        """Host ids in a shuffled order: this worker's shard first when sharded."""
+        """Host ids in shuffled blocks of neighbours: this worker's shard first when sharded."""
         if self._order_view is not view or self._order_len != len(view.hosts):
-            order = sorted(view.hosts)
-            self.rng.shuffle(order)
+            ids = sorted(view.hosts)
             if self.shard is None:
-                self._order = [order]
+                parts = [ids]
             else:
                 index, count = self.shard
-                self._order = [
-                    [h for h in order if h % count == index],
-                    [h for h in order if h % count != index],
+                parts = [
+                    [h for h in ids if h % count == index],
+                    [h for h in ids if h % count != index],
                 ]
+            self._order = [self._blocks(part) for part in parts]
+            self._cursors = [self.rng.randrange(len(o)) if o else 0 for o in self._order]
             self._order_view = view
             self._order_len = len(view.hosts)
         return self._order
+
+    def _blocks(self, ids: list[int]) -> list[int]:
+        size = self.block_hosts
+        blocks = [ids[i : i + size] for i in range(0, len(ids), size)]
+        self.rng.shuffle(blocks)
+        return [h for block in blocks for h in block]
 
     def _claim(self, request: Request, host: HostState, state: CycleState) -> Claim | str:
         fit = state.fits.get(host.id)

@@ -130,7 +130,11 @@ class View:
             host.used[rc] = host.used.get(rc, 0) + amount
         host.free = apply_fit(host.free, claim.fit)
         host.generation += 1
-        contribution = self.host_groups.setdefault(host.id, HostGroups())
+        if not claim.member_of and not claim.slots:
+            return
+        contribution = self.host_groups.get(host.id)
+        if contribution is None:
+            contribution = self.host_groups[host.id] = HostGroups()
         delta = HostGroups()
         groups = set(claim.member_of)
         groups.update(slot.group_id for slot in claim.slots)

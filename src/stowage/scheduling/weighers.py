@@ -20,8 +20,14 @@ __all__ = [
 ]
 
 
-def _ratio(free: int, capacity: int) -> float:
-    return free / capacity if capacity > 0 else 0.0
+_MEMORY_MB = ResourceClass.MEMORY_MB
+_VCPU = ResourceClass.VCPU
+_PCPU = ResourceClass.PCPU
+
+
+def _free_share(host: HostState, rc: ResourceClass) -> float:
+    capacity = host.capacity.get(rc, 0)
+    return (capacity - host.used.get(rc, 0)) / capacity if capacity > 0 else 0.0
 
 
 class RamWeigher:
@@ -34,8 +40,7 @@ class RamWeigher:
         return self.multiplier != 0
 
     def weigh(self, request: Request, host: HostState, state: CycleState) -> float:
-        rc = ResourceClass.MEMORY_MB
-        return _ratio(host.free_amount(rc), host.capacity.get(rc, 0))
+        return _free_share(host, _MEMORY_MB)
 
 
 class CpuWeigher:
@@ -50,8 +55,7 @@ class CpuWeigher:
         return self.multiplier != 0
 
     def weigh(self, request: Request, host: HostState, state: CycleState) -> float:
-        rc = ResourceClass.PCPU if request.shape.dedicated_vcpus else ResourceClass.VCPU
-        return _ratio(host.free_amount(rc), host.capacity.get(rc, 0))
+        return _free_share(host, _PCPU if request.shape.dedicated_vcpus else _VCPU)
 
 
 class SoftAffinityWeigher:

@@ -88,8 +88,11 @@ class Scheduler:
     ) -> list[Placement]:
         """Place requests together as one plan (see `_schedule`), counted in the metrics."""
         placements = self._schedule(requests, min_count=min_count, also=also)
-        for placement in placements:
-            SCHEDULER_DECISIONS.labels("placed" if placement.ok else "no_valid_host").inc()
+        placed = sum(p.ok for p in placements)
+        if placed:
+            SCHEDULER_DECISIONS.labels("placed").inc(placed)
+        if placed < len(placements):
+            SCHEDULER_DECISIONS.labels("no_valid_host").inc(len(placements) - placed)
         return placements
 
     def _schedule(
