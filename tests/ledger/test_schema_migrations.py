@@ -221,3 +221,43 @@ def test_ports_written_before_0007_are_found_by_their_device_after_it(engine: En
     assert [d.id for d in store.list("port", ref="vm-1")] == ["p-2", "p-3", "p-4"]
     with pytest.raises(ValueError):
         store.list("network", ref="vm-1")  # networks keep no ref
+
+
+def test_address_claims_are_keyed_by_subnet_and_address_from_0008(engine: Engine) -> None:
+    """0008 re-keys the address claims made before it (uuid5 ids) as `<subnet>/<address>`,
+    so a subnet's used addresses are read from ids alone; a downgrade keys them back."""
+    import json
+    import uuid
+
+    from sqlalchemy import insert, select
+
+    from stowage.ledger.objects import ObjectStore
+    from stowage.ledger.schema import objects
+    from stowage.services.networks.common import _uuid5
+
+    migrate(engine, "0007")
+    claims = [("sub-1", "10.0.0.2"), ("sub-1", "10.0.0.3"), ("sub-2", "fd00::2")]
+    with engine.begin() as conn:
+        for subnet, address in claims:
+            body = {"subnet_id": subnet, "ip_address": address, "port_id": str(uuid.uuid4())}
+            conn.execute(
+                insert(objects).values(
+                    kind="ip_allocation",
+                    id=_uuid5("ip", subnet, address),
+                    project_id=None,
+                    name=subnet,
+                    created_at=1.0,
+                    updated_at=1.0,
+                    body=json.dumps(body, sort_keys=True),
+                )
+            )
+    migrate(engine)
+    store = ObjectStore(engine)
+    assert sorted(store.ids("ip_allocation", name="sub-1")) == ["sub-1/10.0.0.2", "sub-1/10.0.0.3"]
+    assert store.ids("ip_allocation", name="sub-2") == ["sub-2/fd00::2"]
+    command.downgrade(alembic_config(url_of(engine)), "0007")
+    with engine.connect() as conn:
+        ids = set(
+            conn.execute(select(objects.c.id).where(objects.c.kind == "ip_allocation")).scalars()
+        )
+    assert ids == {_uuid5("ip", s, a) for s, a in claims}

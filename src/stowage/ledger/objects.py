@@ -269,6 +269,14 @@ class ObjectStore:
         self._changed(kind)
         return deleted
 
+    def ids(self, kind: str, *, name: str | None = None) -> list[str]:
+        """The ids of `kind`'s documents (of that `name`), oldest first, none decoded."""
+        query = select(objects.c.id).where(objects.c.kind == kind)
+        if name is not None:
+            query = query.where(objects.c.name == name)
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            return list(conn.execute(query.order_by(objects.c.created_at, objects.c.id)).scalars())
+
     def list(
         self,
         kind: str,

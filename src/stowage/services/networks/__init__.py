@@ -7,7 +7,7 @@ fields a member does not see. The document's project_id column is the owning pro
 
 Addresses are claimed with documents whose id is derived from what they claim, so the store's
 primary key refuses a second claim on the same address:
-  "ip_allocation"  id uuid5(subnet id, address), name = the subnet id
+  "ip_allocation"  id "<subnet id>/<address>",  name = the subnet id
   "mac_allocation" id uuid5(network id, MAC),    name = the network id
 A port is written after its claims and its claims are released after it is deleted.
 """

@@ -5,14 +5,13 @@ from __future__ import annotations
 import ipaddress
 import random
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stowage.domain.errors import ConflictError
 from stowage.services.networks.common import (
     MAC_PREFIX,
-    IPAddress,
     NeutronBadRequest,
     NeutronConflict,
     _address,
@@ -31,11 +30,13 @@ _ipam_lock = threading.Lock()
 
 
 def _ip_claim_id(subnet_id: str, address: str) -> str:
-    return _uuid5("ip", subnet_id, address)
+    """`<subnet id>/<address>`: readable, so the used addresses of a subnet are its claims'
+    ids (no document decoded per address: a boot read every address claim of its subnet)."""
+    return f"{subnet_id}/{address}"
 
 
 def _used_ips(cloud: Cloud, subnet_id: str) -> set[str]:
-    return {doc.body["ip_address"] for doc in cloud.objects.list("ip_allocation", name=subnet_id)}
+    return {i.rpartition("/")[2] for i in cloud.objects.ids("ip_allocation", name=subnet_id)}
 
 
 def _claim_ip(cloud: Cloud, subnet_id: str, address: str, port_id: str) -> bool:
@@ -56,22 +57,17 @@ def _release_ips(cloud: Cloud, fixed_ips: Iterable[Mapping[str, str]]) -> None:
         cloud.objects.delete("ip_allocation", _ip_claim_id(ip["subnet_id"], ip["ip_address"]))
 
 
-def _pool_addresses(subnet: Mapping[str, Any]) -> Iterator[IPAddress]:
-    for pool in subnet["allocation_pools"]:
-        address = ipaddress.ip_address(pool["start"])
-        end = ipaddress.ip_address(pool["end"])
-        while int(address) <= int(end):
-            yield address
-            address += 1
-
-
 def _next_free(cloud: Cloud, subnet: Mapping[str, Any], port_id: str) -> str | None:
     """Claim the lowest free address of the subnet's pools; None when it is full."""
-    used = _used_ips(cloud, subnet["id"])
-    for address in _pool_addresses(subnet):
-        text = str(address)
-        if text not in used and _claim_ip(cloud, subnet["id"], text, port_id):
-            return text
+    used = {int(ipaddress.ip_address(a)) for a in _used_ips(cloud, subnet["id"])}
+    for pool in subnet["allocation_pools"]:
+        start = ipaddress.ip_address(pool["start"])
+        for number in range(int(start), int(ipaddress.ip_address(pool["end"])) + 1):
+            if number in used:
+                continue  # compared as integers: no address object per taken address
+            text = str(type(start)(number))
+            if _claim_ip(cloud, subnet["id"], text, port_id):
+                return text
     return None
 
 

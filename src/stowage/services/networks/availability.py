@@ -28,7 +28,7 @@ def _availability(
 ) -> dict[str, Any]:
     rows = []
     for subnet in subnets:
-        used = len(cloud.objects.list("ip_allocation", name=subnet["id"]))
+        used = len(cloud.objects.ids("ip_allocation", name=subnet["id"]))
         rows.append(
             {
                 "subnet_id": subnet["id"],
