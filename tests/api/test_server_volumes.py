@@ -123,6 +123,58 @@ def test_a_mapping_of_a_volume_in_use_or_a_missing_image_is_refused(cloud: Runni
     assert blank_local.status_code == 400
 
 
+def test_a_volume_that_is_not_bootable_is_refused_as_the_root_disk(cloud: RunningCloud) -> None:
+    api = Volume(cloud)
+    blank = cloud.osc_json("volume", "create", "--size", "1", unique("blank"))
+    deadline = time.monotonic() + 30
+    while api.status(blank["id"]) != "available" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert api.call("GET", f"/volumes/{blank['id']}").json()["volume"]["bootable"] == "false"
+    refused = cloud.osc(
+        "server", "create", "--flavor", "m1.tiny", "--volume", blank["id"], "--nic", "none",
+        unique("nbv"), check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "400" in refused.stderr
+    assert f"Block Device {blank['id']} is not bootable." in refused.stderr
+    # Nothing was reserved: the volume is as it was, and no server was made of the request.
+    assert api.status(blank["id"]) == "available"
+    assert api.call("GET", f"/volumes/{blank['id']}").json()["volume"]["attachments"] == []
+
+    # `volume set --bootable` (os-set_bootable, the owner's as Cinder's) makes it a root disk.
+    demo = Volume(cloud, "demo")
+    mine = demo.call("POST", "/volumes", json={"volume": {"size": 1}}).json()["volume"]["id"]
+    while demo.status(mine) != "available" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert demo.action(mine, "os-set_bootable", {"bootable": True}).status_code == 200
+    assert demo.call("GET", f"/volumes/{mine}").json()["volume"]["bootable"] == "true"
+    assert demo.action(blank["id"], "os-set_bootable", {"bootable": True}).status_code == 404
+    demo.call("DELETE", f"/volumes/{mine}")
+    cloud.osc("volume", "set", "--bootable", blank["id"])
+    assert api.call("GET", f"/volumes/{blank['id']}").json()["volume"]["bootable"] == "true"
+    mapping = {"source_type": "volume", "destination_type": "volume", "boot_index": 0}
+    accepted = cloud.compute(
+        "POST",
+        "/servers",
+        json={
+            "server": {
+                "name": unique("bv"),
+                "flavorRef": "1",
+                "networks": "none",
+                "block_device_mapping_v2": [{**mapping, "uuid": blank["id"]}],
+            }
+        },
+    )
+    assert accepted.status_code == 202, accepted.text
+    server_id = accepted.json()["server"]["id"]
+    assert api.call("GET", f"/volumes/{blank['id']}").json()["volume"]["attachments"]
+    cloud.osc("server", "delete", "--wait", server_id)
+    deadline = time.monotonic() + 60
+    while api.status(blank["id"]) != "available" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert api.call("DELETE", f"/volumes/{blank['id']}").status_code == 202
+
+
 def test_shelve_offload_holds_nothing_and_unshelve_claims_again_on_the_named_host(
     cloud: RunningCloud,
 ) -> None:

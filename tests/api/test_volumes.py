@@ -216,6 +216,30 @@ def test_the_legacy_attach_actions_move_the_status_as_nova_drives_them(
     api.call("DELETE", f"/volumes/{volume_id}")
 
 
+def test_force_detach_is_an_admins_and_ends_the_attachment_of_a_volume_in_error(
+    cloud: RunningCloud, sdk: Any
+) -> None:
+    # Tempest's test_force_detach_volume: attach, reset to error, force-detach, then its
+    # cleanup's os-detach of the volume that is no longer attached (Cinder answers 202).
+    api = Volume(cloud)
+    volume_id = wait(sdk, sdk.block_storage.create_volume(size=1)).id
+    attach = {"instance_uuid": str(uuid.uuid4()), "mountpoint": "/dev/vdb"}
+    assert api.action(volume_id, "os-attach", attach).status_code == 202
+    shown = api.call("GET", f"/volumes/{volume_id}").json()["volume"]
+    attachment_id = shown["attachments"][0]["attachment_id"]
+    assert api.action(volume_id, "os-reset_status", {"status": "error"}).status_code == 202
+    force = {"connector": None, "attachment_id": attachment_id}
+    assert Volume(cloud, "demo").action(volume_id, "os-force_detach", force).status_code == 403
+    assert api.action(volume_id, "os-force_detach", force).status_code == 202
+    shown = api.call("GET", f"/volumes/{volume_id}").json()["volume"]
+    assert (shown["status"], shown["attachments"]) == ("available", [])
+    assert api.call("GET", f"/attachments/{attachment_id}").status_code == 404
+    assert api.action(volume_id, "os-detach").status_code == 202
+    assert api.action(volume_id, "os-detach", {"attachment_id": attachment_id}).status_code == 202
+    assert api.status(volume_id) == "available"
+    api.call("DELETE", f"/volumes/{volume_id}")
+
+
 def test_the_attachments_api_reserves_connects_completes_and_ends(
     cloud: RunningCloud, sdk: Any
 ) -> None:

@@ -41,6 +41,11 @@ def _attachable(body: Mapping[str, Any]) -> frozenset[str]:
     return frozenset({"available", "in-use"} if body.get("multiattach") else {"available"})
 
 
+# Where a detach of a volume that is not attached (as named) settles the status; a volume
+# being created or deleted keeps its status.
+_DETACH_SETTLES = frozenset({"available", "in-use", "attaching", "detaching", "reserved", "error"})
+
+
 def _now(cloud: Cloud) -> float:
     return cloud.clock()
 
@@ -143,14 +148,24 @@ def detach(cloud: Cloud, caller: VolumeCaller, volume_id: str, attachment_id: An
     """os-detach: the attachment (or the only one) ends."""
     doc = get_volume(cloud, caller, volume_id)
     current = doc.body.get("attachments") or {}
-    if attachment_id is None:
-        if len(current) != 1:
-            raise InvalidVolume(
-                "Invalid volume: Volume has more than one attachment; attachment_id is required"
-                if current
-                else "Invalid volume: Volume is not attached"
-            )
+    if attachment_id is None and len(current) > 1:
+        raise InvalidVolume(
+            "Invalid volume: Detach volume failed: More than one attachment, but no "
+            "attachment_id provided."
+        )
+    if attachment_id is None and current:
         attachment_id = next(iter(current))
+    if attachment_id is None or str(attachment_id) not in current:
+        # Cinder's manager: "Volume detach called, but volume not attached." The status
+        # settles from the attachments left (available when none) and the call succeeds.
+        change_volume(
+            cloud,
+            volume_id,
+            _DETACH_SETTLES,
+            lambda b: {**b, "status": _settled_status(b.get("attachments") or {})},
+            "Invalid volume: Unable to detach volume, volume status is {status}.",
+        )
+        return
     _end_attachment(cloud, volume_id, str(attachment_id))
 
 

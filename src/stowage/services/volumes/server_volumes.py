@@ -156,7 +156,7 @@ def prepare_block_devices(
     for device in boot_first:
         if device["source"] == "volume":
             volume_id = str(device["uuid"])
-            _reserve_existing(cloud, conn, caller, volume_id)
+            _reserve_existing(cloud, conn, caller, volume_id, root=device["boot_index"] == 0)
         else:
             volume_id = _new_volume(cloud, conn, caller, device)
         attachment_id = str(uuid.uuid4())
@@ -175,10 +175,15 @@ def prepare_block_devices(
     return out
 
 
-def _reserve_existing(cloud: Cloud, conn: Connection, caller: Any, volume_id: str) -> None:
+def _reserve_existing(
+    cloud: Cloud, conn: Connection, caller: Any, volume_id: str, *, root: bool
+) -> None:
     volume = cloud.objects.find_in(conn, VOLUME, volume_id)
     if volume is None or not (caller.is_admin or volume.project_id == caller.project_id):
         raise InvalidVolume(f"Invalid volume: Volume {volume_id} could not be found.")
+    if root and not volume.body.get("bootable"):
+        # Nova's InvalidBDMVolumeNotBootable: the root disk must be a bootable volume.
+        raise InvalidVolume(f"Block Device {volume_id} is not bootable.")
     if volume.body["status"] != "available":
         raise InvalidVolume(
             f"Invalid volume: volume {volume_id} status must be 'available'. Currently in "
