@@ -59,6 +59,8 @@ import httpx
 import yaml
 from sqlalchemy import create_engine, text
 
+from stowage.domain.keystone import password_login
+
 BIN = Path(sys.executable).parent
 
 
@@ -251,21 +253,7 @@ def drop_schema(pg_url: str, schema: str) -> None:
 
 
 def token(base: str) -> tuple[str, str]:
-    body = {
-        "auth": {
-            "identity": {
-                "methods": ["password"],
-                "password": {
-                    "user": {
-                        "name": "admin",
-                        "domain": {"name": "Default"},
-                        "password": "stowage-admin",
-                    }
-                },
-            },
-            "scope": {"project": {"name": "admin", "domain": {"name": "Default"}}},
-        }
-    }
+    body = password_login("admin", "stowage-admin", "admin")
     response = httpx.post(f"{base}/identity/v3/auth/tokens", json=body, timeout=30)
     response.raise_for_status()
     return response.headers["x-subject-token"], response.json()["token"]["project"]["id"]

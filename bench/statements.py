@@ -30,6 +30,7 @@ from sqlalchemy import event
 
 from stowage.agent.local import LocalCompute
 from stowage.api.app import create_app
+from stowage.domain.keystone import password_login
 from stowage.ledger import Ledger
 from stowage.ledger import objects as objects_module
 from stowage.services.cloud import Cloud, CloudConfig, bootstrap
@@ -48,21 +49,7 @@ def _where() -> str:
 
 async def _boots(cloud: Cloud, args: argparse.Namespace, counting: list[bool]) -> None:
     app = create_app(cloud)
-    auth = {
-        "auth": {
-            "identity": {
-                "methods": ["password"],
-                "password": {
-                    "user": {
-                        "name": "admin",
-                        "domain": {"name": "Default"},
-                        "password": "stowage-admin",
-                    }
-                },
-            },
-            "scope": {"project": {"name": "admin", "domain": {"name": "Default"}}},
-        }
-    }
+    auth = password_login("admin", "stowage-admin", "admin")
     transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
     async with httpx.AsyncClient(transport=transport, base_url="http://stowage") as http:
         login = await http.post("/identity/v3/auth/tokens", json=auth)

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from stowage import __version__
+from stowage.domain.keystone import password_login
 
 if TYPE_CHECKING:
     from stowage.ledger import Ledger
@@ -829,21 +830,7 @@ def _admin_session(state_dir: Path) -> tuple[str, dict[str, str]]:
         err.print(f"[red]No cloud at {state_dir}[/red]: start one with `stowage up`.")
         raise typer.Exit(2)
     auth = yaml.safe_load(path.read_text())["clouds"]["stowage-admin"]["auth"]
-    body = {
-        "auth": {
-            "identity": {
-                "methods": ["password"],
-                "password": {
-                    "user": {
-                        "name": auth["username"],
-                        "domain": {"name": "Default"},
-                        "password": auth["password"],
-                    }
-                },
-            },
-            "scope": {"project": {"name": auth["project_name"], "domain": {"name": "Default"}}},
-        }
-    }
+    body = password_login(auth["username"], auth["password"], auth["project_name"])
     try:
         response = httpx.post(f"{auth['auth_url']}/auth/tokens", json=body, timeout=30)
     except httpx.HTTPError as exc:

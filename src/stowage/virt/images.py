@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from stowage.domain.keystone import password_login
 from stowage.virt.driver import DriverError, ImageSpec
 
 __all__ = [
@@ -77,17 +78,7 @@ class PasswordToken:
         timeout_s: float = 30.0,
     ) -> None:
         self.auth_url = auth_url.rstrip("/")
-        self._body = {
-            "auth": {
-                "identity": {
-                    "methods": ["password"],
-                    "password": {
-                        "user": {"name": username, "domain": {"name": domain}, "password": password}
-                    },
-                },
-                "scope": {"project": {"name": project, "domain": {"name": domain}}},
-            }
-        }
+        self._body = password_login(username, password, project, domain)
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._token: str | None = None

@@ -24,6 +24,7 @@ from stowage.api.common import Context
 from stowage.api.dashboard import session
 from stowage.api.responses import JSONResponse
 from stowage.domain.errors import ConflictError, NotFound, StowageError
+from stowage.domain.keystone import password_login
 from stowage.services import dashboard as reads
 from stowage.services.capacity import capacity_if_domain_fails, capacity_if_host_fails
 from stowage.services.cloud import Cloud
@@ -251,17 +252,7 @@ async def _keystone_login(
     request: Request, username: str, password: str, project: str, domain: str
 ) -> tuple[str, float, str]:
     identity: ASGIApp = request.app.state.identity_app
-    body = {
-        "auth": {
-            "identity": {
-                "methods": ["password"],
-                "password": {
-                    "user": {"name": username, "domain": {"name": domain}, "password": password}
-                },
-            },
-            "scope": {"project": {"name": project, "domain": {"name": domain}}},
-        }
-    }
+    body = password_login(username, password, project, domain)
     transport = httpx.ASGITransport(app=identity)
     async with httpx.AsyncClient(transport=transport, base_url="http://dashboard") as client:
         answer = await client.post("/v3/auth/tokens", json=body)
