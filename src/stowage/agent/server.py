@@ -182,7 +182,19 @@ class AgentServer:
         """Start the agent and listen on both topics."""
         await self.agent.start()
         if self.console is not None:
-            await self.console.start()
+            try:
+                await self.console.start()
+            except OSError as exc:
+                # A console proxy that cannot listen (an address this machine does not
+                # have, a port taken) costs the host its serial consoles, not its agent.
+                log.error(
+                    "%s offers no serial console: its proxy cannot listen on %s:%d: %s",
+                    self.host,
+                    self.console.listen,
+                    self.console.port,
+                    exc,
+                )
+                self.console = None
         self._up.set()
         await self.bus.serve(compute_topic(self.host), self._handle)
         await self.bus.serve(control_topic(self.host), self._control)
