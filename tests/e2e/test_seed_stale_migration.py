@@ -77,12 +77,20 @@ def test_failed_live_migration_in_preparing_then_repeated(cloud: RunningCloud, s
         "flavor", "create", "cirros256-pinned", "--public", "--vcpus", "1", "--ram", "256",
         "--disk", "1", "--property", "hw_rng:allowed=True", "--property", "hw:cpu_policy=dedicated",
     )  # fmt: skip
-    # The reporter's command, but for --boot-from-volume (Stowage has no block storage).
+    # The reporter's command, exactly: a 1 GB boot volume made from the image.
     server = cloud.osc_json(
         "server", "create", "--flavor", "cirros256-pinned", "--image", "cirros-0.6.2-x86_64-disk",
-        "--nic", "net-id=private", "--availability-zone", ":host1", "vm0", "--wait",
+        "--boot-from-volume", "1", "--nic", "net-id=private", "--availability-zone", ":host1",
+        "vm0", "--wait",
     )  # fmt: skip
     assert server["OS-EXT-SRV-ATTR:host"] == "host1"
+    (root,) = server["volumes_attached"]
+    volume = cloud.osc_json("volume", "show", root["id"])
+    assert (volume["status"], volume["size"], str(volume["bootable"]).lower()) == (
+        "in-use",
+        1,
+        "true",
+    )
 
     # The destination's compute service stops while the migration prepares there.
     sim(cloud, "stop", "host2")
@@ -108,6 +116,13 @@ def test_failed_live_migration_in_preparing_then_repeated(cloud: RunningCloud, s
     hypervisors = {h["host"]: h for h in _sim_show(cloud)}
     assert list(hypervisors["host2"]["instances"]) == [server["id"]]
     assert hypervisors["host1"]["instances"] == {}
+    # The boot volume moved with the server, attached to it on its new host.
+    volume = cloud.osc_json("volume", "show", root["id"])
+    assert volume["status"] == "in-use"
+    assert [(a["server_id"], a.get("host_name")) for a in volume["attachments"]] in (
+        [(server["id"], "host2")],
+        [(server["id"], None)],
+    )
     audit_is_clean(cloud)
 
     # Every process restarted: the same answer.
