@@ -37,6 +37,34 @@ def scrub(payload: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in payload.items() if k not in _SECRETS}
 
 
+def ready_on_its_host(
+    cloud: Cloud,
+    caller: Any,
+    instance_id: str,
+    stored: Mapping[str, Any],
+    action: str,
+    allowed: frozenset[str],
+) -> dict[str, Any]:
+    """A copy of the server's document if `action` may start on it now (Nova's 409s: a lock
+    of an admin's, a state not in `allowed`, a task or an operation in flight, no host)."""
+    body = dict(stored)
+    if body.get("locked") and not caller.is_admin:
+        raise ConflictError(f"Instance {instance_id} is locked")
+    if body.get("status") not in allowed:
+        raise ConflictError(
+            f"Cannot '{action}' instance {instance_id} while it is in vm_state "
+            f"{body.get('vm_state')}"
+        )
+    if body.get("task_state") is not None or cloud.operations.active(instance_id=instance_id):
+        raise ConflictError(
+            f"Cannot '{action}' instance {instance_id} while it is in task_state "
+            f"{body.get('task_state')}"
+        )
+    if not body.get("host"):
+        raise ConflictError(f"Instance {instance_id} has no host to '{action}' on.")
+    return body
+
+
 def _start(
     cloud: Cloud,
     caller: Any,
@@ -52,22 +80,8 @@ def _start(
     """Check the server (its lock, its state, no operation in flight, a host), then commit
     its task state, the instance action and the operation together; returns the op id."""
     doc = cloud.objects.get("instance", instance_id)
-    body = dict(doc.body)
-    if body.get("locked") and not caller.is_admin:
-        raise ConflictError(f"Instance {instance_id} is locked")
-    if body.get("status") not in allowed:
-        raise ConflictError(
-            f"Cannot '{action}' instance {instance_id} while it is in vm_state "
-            f"{body.get('vm_state')}"
-        )
-    if body.get("task_state") is not None or cloud.operations.active(instance_id=instance_id):
-        raise ConflictError(
-            f"Cannot '{action}' instance {instance_id} while it is in task_state "
-            f"{body.get('task_state')}"
-        )
-    host = body.get("host")
-    if not host:
-        raise ConflictError(f"Instance {instance_id} has no host to '{action}' on.")
+    body = ready_on_its_host(cloud, caller, instance_id, doc.body, action, allowed)
+    host = body["host"]
     before = {k: body.get(k) for k in ("status", "vm_state", "power_state")}
     with cloud.ledger.engine.begin() as conn:
         if task_state is not None:

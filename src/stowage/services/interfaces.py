@@ -20,6 +20,7 @@ from stowage.services import networks
 from stowage.services.caller import Caller, SystemCaller
 from stowage.services.cloud import Cloud
 from stowage.services.compute import record_action
+from stowage.services.guest_actions import ready_on_its_host
 
 __all__ = [
     "ATTACHABLE",
@@ -37,22 +38,8 @@ ATTACHABLE = frozenset({"ACTIVE", "PAUSED", "SHUTOFF"})
 
 
 def _ready(cloud: Cloud, caller: Any, instance_id: str, action: str) -> dict[str, Any]:
-    body = dict(cloud.objects.get("instance", instance_id).body)
-    if body.get("locked") and not caller.is_admin:
-        raise ConflictError(f"Instance {instance_id} is locked")
-    if body.get("status") not in ATTACHABLE:
-        raise ConflictError(
-            f"Cannot '{action}' instance {instance_id} while it is in vm_state "
-            f"{body.get('vm_state')}"
-        )
-    if body.get("task_state") is not None or cloud.operations.active(instance_id=instance_id):
-        raise ConflictError(
-            f"Cannot '{action}' instance {instance_id} while it is in task_state "
-            f"{body.get('task_state')}"
-        )
-    if not body.get("host"):
-        raise ConflictError(f"Instance {instance_id} has no host to '{action}' on.")
-    return body
+    body = cloud.objects.get("instance", instance_id).body
+    return ready_on_its_host(cloud, caller, instance_id, body, action, ATTACHABLE)
 
 
 def _enqueue(
