@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -185,3 +186,24 @@ def test_admin_and_openstacksdk_see_trunks_and_the_extensions(
     sdk.network.delete_trunk(made.id)
     aliases = {e.alias for e in sdk.network.extensions()}
     assert {"trunk", "trunk-details"} <= aliases
+
+
+def test_a_port_goes_to_one_trunk_however_close_the_requests(
+    cloud: RunningCloud, team: Personas
+) -> None:
+    member = Neutron(cloud, team.token("member"))
+    _net, (parent,) = _ports(member, 1)
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(
+            pool.map(
+                lambda _i: member.post("/trunks", {"trunk": {"port_id": parent["id"]}}), range(6)
+            )
+        )
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [201] + [409] * 5, [a.text for a in answers]
+    made = next(a.json()["trunk"] for a in answers if a.status_code == 201)
+    assert len(member.get("/trunks", params={"port_id": parent["id"]}).json()["trunks"]) == 1
+    assert member.delete(f"/trunks/{made['id']}").status_code == 204
+    # released with the trunk: the port may be a trunk's again
+    again = member.create("trunks", "trunk", port_id=parent["id"])
+    assert member.delete(f"/trunks/{again['id']}").status_code == 204

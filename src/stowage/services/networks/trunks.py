@@ -3,7 +3,10 @@
 A trunk is a "trunk" document whose body is what Neutron returns less its status, which is
 computed when it is read: ACTIVE once its parent port is bound (to a server or a host), DOWN
 before. Its sub_ports are stored in it. Neutron counts trunks in no quota, and neither does
-this. A port may be the parent or a subport of one trunk at most.
+this. A port may be the parent or a subport of one trunk at most: each of a trunk's ports is
+claimed by a "trunk_port" document whose id is the port's id (name = the trunk id) before the
+trunk is written, so the store's primary key refuses a second trunk the port, however close
+the two requests come; the claims are released after the port leaves the trunk.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from stowage.domain.errors import ConflictError
 from stowage.services.caller import Caller
 from stowage.services.networks.common import (
     NeutronBadRequest,
@@ -127,7 +131,28 @@ def get_trunk(cloud: Cloud, caller: Caller, trunk_id: str) -> dict[str, Any]:
 
 def _not_in_use(cloud: Cloud, port_id: str) -> None:
     if trunk_using(cloud, port_id) is not None:
-        raise NeutronConflict(f"Port {port_id} is in use by another trunk.", "TrunkPortInUse")
+        raise _in_use(port_id)
+
+
+def _in_use(port_id: str) -> NeutronConflict:
+    return NeutronConflict(f"Port {port_id} is in use by another trunk.", "TrunkPortInUse")
+
+
+def _claim(cloud: Cloud, trunk_id: str, port_ids: list[str]) -> None:
+    """Claim the ports for the trunk: all of them, or (409 TrunkPortInUse) none."""
+    made: list[str] = []
+    for port_id in port_ids:
+        try:
+            cloud.objects.create("trunk_port", port_id, {"trunk_id": trunk_id}, name=trunk_id)
+        except ConflictError:
+            _release(cloud, made)
+            raise _in_use(port_id) from None
+        made.append(port_id)
+
+
+def _release(cloud: Cloud, port_ids: list[str]) -> None:
+    for port_id in port_ids:
+        cloud.objects.delete("trunk_port", port_id)
 
 
 def _subports(
@@ -164,7 +189,7 @@ def _subports(
             raise _invalid("sub_ports", f"'{seg}' is not in range 1 through 4094")
         port_id = _text("port_id", item["port_id"])
         if port_id == parent_id:
-            raise NeutronConflict(f"Port {port_id} is in use by another trunk.", "TrunkPortInUse")
+            raise _in_use(port_id)
         port = _port(cloud, caller, port_id)
         _owned(port, caller, "create_trunk:sub_ports")
         if any(s["port_id"] == port_id for s in out):
@@ -204,7 +229,13 @@ def create_trunk(cloud: Cloud, caller: Caller, attrs: Mapping[str, Any]) -> dict
     body["sub_ports"] = _subports(
         cloud, caller, attrs.get("sub_ports", []), parent_id, [], trunk_id
     )
-    cloud.objects.create("trunk", trunk_id, body, project_id=project, name=body["name"])
+    ports = [parent_id, *(sub["port_id"] for sub in body["sub_ports"])]
+    _claim(cloud, trunk_id, ports)
+    try:
+        cloud.objects.create("trunk", trunk_id, body, project_id=project, name=body["name"])
+    except BaseException:
+        _release(cloud, ports)
+        raise
     return _render(cloud, body)
 
 
@@ -232,6 +263,7 @@ def delete_trunk(cloud: Cloud, caller: Caller, trunk_id: str) -> None:
     if parent is not None and str(parent.get("device_owner", "")).startswith("compute:"):
         raise NeutronConflict(f"Trunk {trunk_id} is currently in use.", "TrunkInUse")
     cloud.objects.delete("trunk", trunk_id)
+    _release(cloud, [trunk["port_id"], *(sub["port_id"] for sub in trunk.get("sub_ports", []))])
 
 
 def _enabled(trunk: Mapping[str, Any]) -> None:
@@ -253,8 +285,15 @@ def add_subports(cloud: Cloud, caller: Caller, trunk_id: str, body: Any) -> dict
     _enabled(trunk)
     existing = list(trunk.get("sub_ports", []))
     added = _subports(cloud, caller, _sub_ports_of(body), trunk["port_id"], existing, trunk_id)
+    ports = [sub["port_id"] for sub in added]
+    _claim(cloud, trunk_id, ports)
     trunk["sub_ports"] = existing + added
-    return _render(cloud, _save(cloud, "trunk", trunk))
+    try:
+        saved = _save(cloud, "trunk", trunk)
+    except BaseException:
+        _release(cloud, ports)
+        raise
+    return _render(cloud, saved)
 
 
 def remove_subports(cloud: Cloud, caller: Caller, trunk_id: str, body: Any) -> dict[str, Any]:
@@ -276,7 +315,9 @@ def remove_subports(cloud: Cloud, caller: Caller, trunk_id: str, body: Any) -> d
             )
         gone.add(item["port_id"])
     trunk["sub_ports"] = [s for s in existing if s["port_id"] not in gone]
-    return _render(cloud, _save(cloud, "trunk", trunk))
+    saved = _save(cloud, "trunk", trunk)
+    _release(cloud, sorted(gone))
+    return _render(cloud, saved)
 
 
 def get_subports(cloud: Cloud, caller: Caller, trunk_id: str) -> dict[str, Any]:
