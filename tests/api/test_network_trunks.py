@@ -207,3 +207,23 @@ def test_a_port_goes_to_one_trunk_however_close_the_requests(
     # released with the trunk: the port may be a trunk's again
     again = member.create("trunks", "trunk", port_id=parent["id"])
     assert member.delete(f"/trunks/{again['id']}").status_code == 204
+
+
+def test_subports_added_at_once_to_one_trunk_are_all_kept(
+    cloud: RunningCloud, team: Personas
+) -> None:
+    """Each add_subports writes the trunk by compare-and-swap: 24 requests adding one
+    subport each at the same moment leave 24 subports, none lost to another's write."""
+    member = Neutron(cloud, team.token("member"))
+    _net, (parent, *subs) = _ports(member, 25)
+    trunk = member.create("trunks", "trunk", port_id=parent["id"])
+    url = f"/trunks/{trunk['id']}/add_subports"
+
+    def add(i: int) -> int:
+        sub = {"port_id": subs[i]["id"], "segmentation_type": "vlan", "segmentation_id": 10 + i}
+        return member.put(url, {"sub_ports": [sub]}).status_code
+
+    with ThreadPoolExecutor(24) as pool:
+        assert list(pool.map(add, range(24))) == [200] * 24
+    kept = member.get(f"/trunks/{trunk['id']}/get_subports").json()["sub_ports"]
+    assert sorted(s["segmentation_id"] for s in kept) == list(range(10, 34))

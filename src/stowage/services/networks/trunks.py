@@ -12,7 +12,7 @@ the two requests come; the claims are released after the port leaves the trunk.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from stowage.domain.errors import ConflictError
@@ -33,6 +33,7 @@ from stowage.services.networks.common import (
     _save,
     _standard,
     _text,
+    stamped,
 )
 from stowage.services.networks.port import _port
 
@@ -280,16 +281,49 @@ def _sub_ports_of(body: Any) -> Any:
     return body["sub_ports"]
 
 
+def _swapped(
+    cloud: Cloud,
+    caller: Caller,
+    trunk_id: str,
+    action: str,
+    change: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """`change` applied to the trunk as stored now, written only if nobody wrote it since
+    (compare-and-swap, read again and retried when another request won)."""
+    for _ in range(_SWAP_TRIES):
+        before = _writable(cloud, caller, trunk_id, action)
+        after = stamped(cloud, change(dict(before)))
+        if cloud.objects.swap("trunk", trunk_id, before, after):
+            return after
+    raise NeutronConflict(
+        f"Trunk {trunk_id} is being changed by other requests; try again.", "TrunkConflict"
+    )
+
+
+_SWAP_TRIES = 20
+
+
 def add_subports(cloud: Cloud, caller: Caller, trunk_id: str, body: Any) -> dict[str, Any]:
     trunk = _writable(cloud, caller, trunk_id, "add_subports")
     _enabled(trunk)
-    existing = list(trunk.get("sub_ports", []))
-    added = _subports(cloud, caller, _sub_ports_of(body), trunk["port_id"], existing, trunk_id)
+    value = _sub_ports_of(body)
+    added = _subports(
+        cloud, caller, value, trunk["port_id"], list(trunk.get("sub_ports", [])), trunk_id
+    )
     ports = [sub["port_id"] for sub in added]
     _claim(cloud, trunk_id, ports)
-    trunk["sub_ports"] = existing + added
+
+    def add(current: dict[str, Any]) -> dict[str, Any]:
+        _enabled(current)
+        existing = list(current.get("sub_ports", []))
+        # Checked again against the trunk as it is now: another request may have taken a
+        # segmentation id since (the ports themselves are this request's claims).
+        _subports(cloud, caller, value, current["port_id"], existing, trunk_id)
+        current["sub_ports"] = existing + added
+        return current
+
     try:
-        saved = _save(cloud, "trunk", trunk)
+        saved = _swapped(cloud, caller, trunk_id, "add_subports", add)
     except BaseException:
         _release(cloud, ports)
         raise
@@ -297,25 +331,28 @@ def add_subports(cloud: Cloud, caller: Caller, trunk_id: str, body: Any) -> dict
 
 
 def remove_subports(cloud: Cloud, caller: Caller, trunk_id: str, body: Any) -> dict[str, Any]:
-    trunk = _writable(cloud, caller, trunk_id, "remove_subports")
-    _enabled(trunk)
+    _enabled(_writable(cloud, caller, trunk_id, "remove_subports"))
     value = _sub_ports_of(body)
     if not isinstance(value, list) or not all(
         isinstance(s, dict) and "port_id" in s for s in value
     ):
         raise _invalid("sub_ports", f"'{value}' is not a list of subports with a port_id")
-    existing = list(trunk.get("sub_ports", []))
-    gone = set()
-    for item in value:
-        if not any(s["port_id"] == item["port_id"] for s in existing):
-            raise NeutronNotFound(
-                f"SubPort on trunk {trunk_id} with parent port {item['port_id']} could not be "
-                "found.",
-                "SubPortNotFound",
-            )
-        gone.add(item["port_id"])
-    trunk["sub_ports"] = [s for s in existing if s["port_id"] not in gone]
-    saved = _save(cloud, "trunk", trunk)
+    wanted = [str(item["port_id"]) for item in value]
+    gone = set(wanted)
+
+    def remove(current: dict[str, Any]) -> dict[str, Any]:
+        _enabled(current)
+        existing = list(current.get("sub_ports", []))
+        for port_id in wanted:
+            if not any(s["port_id"] == port_id for s in existing):
+                raise NeutronNotFound(
+                    f"SubPort on trunk {trunk_id} with parent port {port_id} could not be found.",
+                    "SubPortNotFound",
+                )
+        current["sub_ports"] = [s for s in existing if s["port_id"] not in gone]
+        return current
+
+    saved = _swapped(cloud, caller, trunk_id, "remove_subports", remove)
     _release(cloud, sorted(gone))
     return _render(cloud, saved)
 
