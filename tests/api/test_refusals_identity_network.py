@@ -11,7 +11,7 @@ from tests.api.cloudproc import RunningCloud
 _KEYSTONE_CORE = ("/domains/default/config",)
 _KEYSTONE_EXTENSIONS = ("/OS-EP-FILTER/endpoint_groups", "/OS-TRUST/trusts")
 _NEUTRON_MISSING = {
-    "trunk": "/trunks",
+    "qos": "/qos/policies",
     "subnet_allocation": "/subnetpools",
 }
 

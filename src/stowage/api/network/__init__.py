@@ -6,7 +6,7 @@ from fastapi import APIRouter, FastAPI, Request
 
 from stowage.api.auth import cloud_of
 from stowage.api.common import install_common, network_error
-from stowage.api.network import quotas, resources
+from stowage.api.network import quotas, resources, trunks
 from stowage.api.responses import JSONResponse
 from stowage.services.cloud import Cloud
 
@@ -38,4 +38,5 @@ def create_network_app(cloud: Cloud) -> FastAPI:
     app.include_router(discovery)
     app.include_router(resources.router, prefix="/v2.0")
     app.include_router(quotas.router, prefix="/v2.0")
+    app.include_router(trunks.router, prefix="/v2.0")
     return app

@@ -745,6 +745,8 @@ EXTENSIONS: dict[str, tuple[str, str]] = {
         "Tag support for resources with standard attribute: subnet, network, port, security_group",
         "Enables to set tag on resources with standard attribute.",
     ),
+    "trunk": ("Trunk Extension", "Provides support for trunk ports"),
+    "trunk-details": ("Trunk port details", "Expose trunk port details"),
     "standard-attr-timestamp": (
         "Resource timestamps",
         "Adds created_at and updated_at fields to all Neutron resources that have Neutron "

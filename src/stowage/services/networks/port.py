@@ -131,7 +131,13 @@ def list_ports(cloud: Cloud, caller: Caller) -> list[dict[str, Any]]:
 
 
 def get_port(cloud: Cloud, caller: Caller, port_id: str) -> dict[str, Any]:
-    return _render_port(_port(cloud, caller, port_id), caller)
+    out = _render_port(_port(cloud, caller, port_id), caller)
+    from stowage.services.networks.trunks import trunk_details  # late: trunks imports this
+
+    details = trunk_details(cloud, port_id)
+    if details is not None:
+        out["trunk_details"] = details
+    return out
 
 
 def _network_subnets(cloud: Cloud, network_id: str) -> dict[str, dict[str, Any]]:
@@ -356,6 +362,14 @@ def delete_port(cloud: Cloud, caller: Caller, port_id: str) -> None:
         net = cloud.objects.find("network", port["network_id"])
         if net is None or net.body["project_id"] != caller.project_id:
             raise _denied("delete_port")
+    from stowage.services.networks.trunks import trunk_using  # late: trunks imports this
+
+    using = trunk_using(cloud, port_id)
+    if using is not None:
+        role, trunk_id = using
+        kind = "PortInUseAsTrunkParent" if role == "parent" else "PortInUseAsSubPort"
+        what = "a parent port" if role == "parent" else "a subport"
+        raise NeutronConflict(f"Port {port_id} is currently {what} for trunk {trunk_id}.", kind)
     _drop_port(cloud, port)
     if str(port.get("device_owner", "")).startswith("compute:") and port.get("device_id"):
         # The server's addresses lose the port's, as Nova's on network-vif-deleted.
