@@ -4,7 +4,10 @@ openstacksdk as member, reader and admin, the refusals, and concurrent allocatio
 from __future__ import annotations
 
 import ipaddress
+import multiprocessing
 import threading
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +17,9 @@ from tests.api.sdk import SDK_WARNINGS, connect
 from tests.api.test_identity import unique
 from tests.api.test_network import Neutron, local_cloud  # noqa: F401 (a fixture)
 
+from stowage.ledger import Ledger
 from stowage.services import networks
-from stowage.services.cloud import Cloud
+from stowage.services.cloud import Cloud, CloudConfig
 from stowage.services.networks import subnetpools
 from stowage.services.networks.common import _As
 
@@ -311,3 +315,55 @@ def test_concurrent_claims_in_process_never_overlap(local_cloud: Cloud) -> None:
     assert all(not a.overlaps(b) for i, a in enumerate(nets) for b in nets[i + 1 :])
     claims = local_cloud.objects.ids(subnetpools.CLAIM, name=pool["id"])
     assert sorted(c.partition("/")[2] for c in claims) == sorted(made)
+
+
+def _allocate_from(
+    url: str, state: str, net_id: str, pool_id: str, length: int, barrier: Any
+) -> list[str]:
+    """One process: create subnets of `length` from the pool (8 tries); their CIDRs."""
+    ledger = Ledger.open(url, upgrade=False)
+    cloud = Cloud(CloudConfig(state_dir=Path(state), hosts=0), ledger)
+    made: list[str] = []
+    body = {"network_id": net_id, "ip_version": 4, "subnetpool_id": pool_id, "prefixlen": length}
+    try:
+        barrier.wait(timeout=120)
+        for _ in range(8):
+            try:
+                made.append(networks.create_subnet(cloud, _As("p1"), body)["cidr"])
+            except networks.NetworkError as exc:
+                assert exc.code == "SubnetAllocationError", exc
+        return made
+    finally:
+        ledger.close()
+
+
+def test_processes_sharing_a_ledger_never_get_overlapping_prefixes(
+    db_url: str, tmp_path: Path
+) -> None:
+    ledger = Ledger.open(db_url)
+    cloud = Cloud(CloudConfig(state_dir=tmp_path / "state", hosts=0), ledger)
+    owner = _As("p1")
+    pool = subnetpools.create_subnetpool(
+        cloud, owner, {"name": "p", "prefixes": ["10.7.0.0/26"], "min_prefixlen": 28}
+    )
+    net = networks.create_network(cloud, owner, {"name": "n"})
+    ledger.close()
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(3)
+        with ProcessPoolExecutor(3, mp_context=ctx) as workers:
+            futures = [
+                workers.submit(
+                    _allocate_from,
+                    *(db_url, str(tmp_path / "state"), net["id"], pool["id"]),
+                    28 + i % 2,
+                    barrier,
+                )
+                for i in range(3)
+            ]
+            results = [f.result() for f in futures]
+    made = [ipaddress.ip_network(c) for r in results for c in r]
+    # /28s and /29s from a /26: none overlapping, and the pool filled (the /29 process's
+    # last refusal means no /29 was left).
+    assert all(not a.overlaps(b) for i, a in enumerate(made) for b in made[i + 1 :])
+    assert sum(n.num_addresses for n in made) == 64
