@@ -12,7 +12,7 @@ _KEYSTONE_CORE = ("/domains/default/config",)
 _KEYSTONE_EXTENSIONS = ("/OS-EP-FILTER/endpoint_groups", "/OS-TRUST/trusts")
 _NEUTRON_MISSING = {
     "qos": "/qos/policies",
-    "subnet_allocation": "/subnetpools",
+    "address-scope": "/address-scopes",
 }
 
 
@@ -52,6 +52,7 @@ def test_neutron_resources_of_extensions_not_advertised_are_404(
         "router": "/routers",
         "network-ip-availability": "/network-ip-availabilities",
         "auto-allocated-topology": "/auto-allocated-topology/x?fields=dry-run",
+        "subnet_allocation": "/subnetpools",
     }.items():
         assert alias in aliases
         assert httpx.get(f"{base}{path}", headers=headers).status_code == 200, path

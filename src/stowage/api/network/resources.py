@@ -23,7 +23,7 @@ from stowage.api.common import ApiError, Context, json_body
 from stowage.api.responses import JSONResponse
 from stowage.services import networks as svc
 from stowage.services.cloud import Cloud
-from stowage.services.networks import auto_allocate, availability, l3
+from stowage.services.networks import auto_allocate, availability, l3, subnetpools
 
 __all__ = ["NeutronRoute", "router"]
 
@@ -253,6 +253,30 @@ RESOURCES = (
         l3.update_floatingip,
         l3.delete_floatingip,
         "Floating IP {} could not be found",
+    ),
+    _Resource(
+        "subnetpools",
+        "subnetpool",
+        "subnetpools",
+        "subnetpool",
+        (
+            *_STANDARD,
+            "prefixes",
+            "default_prefixlen",
+            "min_prefixlen",
+            "max_prefixlen",
+            "ip_version",
+            "shared",
+            "is_default",
+            "default_quota",
+            "address_scope_id",
+        ),
+        subnetpools.list_subnetpools,
+        subnetpools.get_subnetpool,
+        subnetpools.create_subnetpool,
+        subnetpools.update_subnetpool,
+        subnetpools.delete_subnetpool,
+        "Subnet pool {} could not be found.",
     ),
 )
 
@@ -598,6 +622,7 @@ _TAGGED = {
     "subnets": "subnet",
     "ports": "port",
     "security-groups": "security_group",
+    "subnetpools": "subnetpool",
 }
 
 
@@ -678,6 +703,10 @@ EXTENSIONS: dict[str, tuple[str, str]] = {
     ),
     "availability_zone": ("Availability Zone", "The availability zone extension."),
     "binding": ("Port Binding", "Expose port bindings of a virtual port to external application"),
+    "default-subnetpools": (
+        "Default Subnetpools",
+        "Provides ability to mark and use a subnetpool as the default.",
+    ),
     "external-net": (
         "Neutron external network",
         "Adds external network attribute to network resource.",
@@ -732,6 +761,10 @@ EXTENSIONS: dict[str, tuple[str, str]] = {
         "Availability zone support for router.",
     ),
     "security-group": ("security-group", "The security groups extension."),
+    "subnet_allocation": (
+        "Subnet Allocation",
+        "Enables allocation of subnets from a subnet pool",
+    ),
     "sorting": ("Sorting support", "Extension that indicates that sorting is enabled."),
     "standard-attr-description": (
         "standard-attr-description",

@@ -24,13 +24,14 @@ from stowage.services.networks.common import (
 )
 from stowage.services.networks.network import create_network, delete_network
 from stowage.services.networks.subnet import create_subnet
+from stowage.services.networks.subnetpools import default_pool
 
 if TYPE_CHECKING:
     from stowage.services.cloud import Cloud
 
 KIND = "auto_allocated_topology"
-# Neutron carves the subnet from the default subnet pool; here it is this fixed private CIDR
-# (projects' networks may overlap, as in Neutron).
+# The subnet is carved from the default IPv4 subnet pool, as Neutron's; without one, it is this
+# fixed private CIDR (projects' networks may overlap, as in Neutron).
 CIDR = "10.128.0.0/24"
 DRY_RUN = "dry-run=pass"
 
@@ -86,6 +87,7 @@ def _build(cloud: Cloud, project_id: str) -> dict[str, Any]:
     net = create_network(cloud, acting, {"name": "auto_allocated_network"})
     router: dict[str, Any] | None = None
     try:
+        where = {"use_default_subnetpool": True} if default_pool(cloud, 4) else {"cidr": CIDR}
         subnet = create_subnet(
             cloud,
             acting,
@@ -93,7 +95,7 @@ def _build(cloud: Cloud, project_id: str) -> dict[str, Any]:
                 "name": "auto_allocated_subnet_v4",
                 "network_id": net["id"],
                 "ip_version": 4,
-                "cidr": CIDR,
+                **where,
             },
         )
         router = l3.create_router(

@@ -27,6 +27,7 @@ from stowage.services.networks.common import (
     _text,
 )
 from stowage.services.networks.quotas import create_counted
+from stowage.services.networks.subnetpools import release_prefix
 
 if TYPE_CHECKING:
     from stowage.services.cloud import Cloud
@@ -219,6 +220,6 @@ def delete_network(cloud: Cloud, caller: Caller, network_id: str) -> None:
     for port in ports:
         _drop_port(cloud, port)
     for subnet in _bodies(cloud, "subnet"):
-        if subnet["network_id"] == network_id:
-            cloud.objects.delete("subnet", subnet["id"])
+        if subnet["network_id"] == network_id and cloud.objects.delete("subnet", subnet["id"]):
+            release_prefix(cloud, subnet)
     cloud.objects.delete("network", network_id)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from stowage.services.caller import Caller
+from stowage.services.networks import subnetpools
 from stowage.services.networks.common import (
     IPAddress,
     IPNetwork,
@@ -53,7 +54,7 @@ _SUBNET_CREATE = (
     "project_id",
     "tenant_id",
     "subnetpool_id",
-    "use_default_subnet_pool",
+    "use_default_subnetpool",
     "prefixlen",
     "segment_id",
     "service_types",
@@ -242,17 +243,39 @@ def create_subnet(cloud: Cloud, caller: Caller, attrs: Mapping[str, Any]) -> dic
     if version not in (4, 6, "4", "6"):
         raise _invalid("ip_version", f"{version} is not in [4, 6]")
     version = int(version)
-    if attrs.get("subnetpool_id") is not None or attrs.get("use_default_subnet_pool"):
-        raise NeutronBadRequest(
-            "Bad subnets request: subnet pools are not supported here; give a cidr.",
-            "BadRequest",
-        )
-    if attrs.get("cidr") is None:
+    pool = subnetpools.pool_for_subnet(cloud, caller, attrs, version)
+    if pool is None and attrs.get("cidr") is None:
         raise NeutronBadRequest(
             "Bad subnets request: a subnetpool must be specified in the absence of a cidr.",
             "BadRequest",
         )
-    net = _cidr(attrs["cidr"], version)
+    if pool is None and attrs.get("prefixlen") is not None:
+        raise NeutronBadRequest(
+            "Bad subnets request: prefixlen is only valid with a subnetpool.", "BadRequest"
+        )
+    subnet_id = str(uuid.uuid4())
+    if pool is not None:
+        net = subnetpools.claim_prefix(cloud, pool, attrs, subnet_id, project)
+    else:
+        net = _cidr(attrs["cidr"], version)
+    try:
+        return _create_subnet(cloud, attrs, network_id, project, version, net, subnet_id, pool)
+    except BaseException:
+        if pool is not None:
+            subnetpools.release_prefix(cloud, {"subnetpool_id": pool["id"], "cidr": str(net)})
+        raise
+
+
+def _create_subnet(
+    cloud: Cloud,
+    attrs: Mapping[str, Any],
+    network_id: str,
+    project: str,
+    version: int,
+    net: IPNetwork,
+    subnet_id: str,
+    pool: Mapping[str, Any] | None,
+) -> dict[str, Any]:
     for mode in ("ipv6_ra_mode", "ipv6_address_mode"):
         if attrs.get(mode) is not None and (version != 6 or attrs[mode] not in _IPV6_MODES):
             raise _invalid(mode, f"'{attrs[mode]}' is not valid for an IPv{version} subnet")
@@ -263,7 +286,6 @@ def create_subnet(cloud: Cloud, caller: Caller, attrs: Mapping[str, Any]) -> dic
                 f"{network_id} overlaps with another subnet.",
                 "InvalidInput",
             )
-    subnet_id = str(uuid.uuid4())
     body: dict[str, Any] = {
         "id": subnet_id,
         "name": "",
@@ -278,7 +300,7 @@ def create_subnet(cloud: Cloud, caller: Caller, attrs: Mapping[str, Any]) -> dic
         "host_routes": [],
         "ipv6_ra_mode": attrs.get("ipv6_ra_mode"),
         "ipv6_address_mode": attrs.get("ipv6_address_mode"),
-        "subnetpool_id": None,
+        "subnetpool_id": None if pool is None else pool["id"],
         "segment_id": None,
         "service_types": [],
     }
@@ -310,4 +332,5 @@ def delete_subnet(cloud: Cloud, caller: Caller, subnet_id: str) -> None:
                 "an IP allocation from this subnet.",
                 "SubnetInUse",
             )
-    cloud.objects.delete("subnet", subnet_id)
+    if cloud.objects.delete("subnet", subnet_id):
+        subnetpools.release_prefix(cloud, subnet)

@@ -10,6 +10,7 @@ from stowage.services.networks.network import _network
 from stowage.services.networks.port import _port
 from stowage.services.networks.security_groups import _group
 from stowage.services.networks.subnet import _subnet
+from stowage.services.networks.subnetpools import _pool
 
 if TYPE_CHECKING:
     from stowage.services.cloud import Cloud
@@ -21,6 +22,7 @@ _TAGGABLE = {
     "subnet": _subnet,
     "port": _port,
     "security_group": _group,
+    "subnetpool": _pool,
 }
 
 
