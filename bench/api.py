@@ -178,12 +178,7 @@ def start_production(
 ) -> tuple[Cloud, str]:
     """The production processes on a new PostgreSQL schema; returns the cloud and the
     schema (dropped by the caller)."""
-    schema = f"bench_{os.getpid()}_{int(time.time())}"
-    admin = create_engine(args.pg_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    admin.dispose()
-    db_url = f"{args.pg_url}?options=-csearch_path%3D{schema}"
+    schema, db_url = new_schema(args.pg_url, "bench")
     port = free_port()
     topo = topology_file(state.parent / "topology.yaml", args.hosts)
     common = ["--state-dir", str(state), "--db", db_url]
@@ -243,6 +238,16 @@ def start_production(
         cloud.stop()
         raise SystemExit(f"only {up} of {args.hosts} agents registered their hosts")
     return cloud, schema
+
+
+def new_schema(pg_url: str, prefix: str) -> tuple[str, str]:
+    """A new, empty PostgreSQL schema, and the URL whose connections live in it."""
+    schema = f"{prefix}_{os.getpid()}_{time.time_ns()}"
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    admin.dispose()
+    return schema, f"{pg_url}?options=-csearch_path%3D{schema}"
 
 
 def drop_schema(pg_url: str, schema: str) -> None:
@@ -641,17 +646,9 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
         if schema is not None:
             drop_schema(args.pg_url, schema)
     if args.production:
-        claims_schema = f"bench_claims_{os.getpid()}_{int(time.time())}"
-        admin = create_engine(args.pg_url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{claims_schema}"'))
-        admin.dispose()
+        claims_schema, claims_url = new_schema(args.pg_url, "bench_claims")
         try:
-            rate = claim_rate(
-                args.hosts,
-                min(args.servers, 5000),
-                f"{args.pg_url}?options=-csearch_path%3D{claims_schema}",
-            )
+            rate = claim_rate(args.hosts, min(args.servers, 5000), claims_url)
         finally:
             drop_schema(args.pg_url, claims_schema)
     else:
