@@ -22,6 +22,7 @@ from stowage.bus.inproc import InProcTransport
 from stowage.domain.topology import HostSpec, HostTopology
 from stowage.ledger import Ledger, audit
 from stowage.services import compute
+from stowage.services.caller import SystemCaller
 from stowage.services.cloud import Cloud, CloudConfig
 from stowage.services.compute import BuildRequest, build_servers, schedule_builds
 from stowage.services.conductor import Conductor, ConductorConfig
@@ -288,6 +289,65 @@ def test_restore_guests_refills_a_fresh_simulated_hypervisor(cloud: Cloud, tmp_p
         assert claim is not None
         assert {str(v): c for v, c in running[i]["pins"].items()} == claim["pins"]
     assert restore_guests(cloud, "host1", fresh) == []  # already there: nothing twice
+    fresh.close()
+
+
+class _Admin(SystemCaller):
+    @property
+    def user_id(self) -> str:
+        return "u"
+
+
+def test_a_rescued_guest_comes_back_rescued_after_its_agent_restarts(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """A simulated hypervisor forgets its guests with its process: the rescued one must run
+    again from its rescue image and the paused one be paused, as their records say (before:
+    both restored as normal running guests while the servers still showed RESCUE, PAUSED)."""
+    from stowage.services import guest_actions, images
+
+    admin = _Admin("p", True)
+    image = images.create_image(
+        cloud, admin, {"name": "rescue", "disk_format": "raw", "container_format": "bare"}
+    )
+    images.store_image_bytes(cloud, admin, image["id"], [b"\0" * 512])
+    rescue_image = str(image["id"])
+
+    async def scenario() -> tuple[str, str, str]:
+        async with running_cloud(cloud, tmp_path) as servers:
+            rescued, plain, paused = await asyncio.to_thread(build, cloud, 3, "host1")
+            ids = (rescued, plain, paused)
+            await until(lambda: [state(cloud, i)[0] for i in ids] == ["ACTIVE"] * 3)
+            await asyncio.to_thread(compute.power_action, cloud, paused, "pause", is_admin=True)
+            await until(lambda: state(cloud, paused)[0] == "PAUSED")
+            await asyncio.to_thread(
+                guest_actions.rescue_server,
+                cloud,
+                admin,
+                rescued,
+                image_id=rescue_image,
+                password="pw",
+                request_id="req-rescue",
+            )
+            await until(lambda: state(cloud, rescued) == ("RESCUE", "rescued", 1, None))
+            driver = servers["host1"].driver
+            assert isinstance(driver, SimDriver)
+            assert driver.guest_details()[rescued]["rescue_image"] == rescue_image
+            return rescued, plain, paused
+
+    rescued, plain, paused = asyncio.run(scenario())
+    fresh = SimDriver(SimConfig(disk_bytes=4096), disk_dir=tmp_path / "host1-again")
+    assert sorted(restore_guests(cloud, "host1", fresh)) == sorted([rescued, plain, paused])
+    details = fresh.guest_details()
+    assert details[rescued]["rescue_image"] == rescue_image  # rescued, as the record says
+    assert details[plain]["rescue_image"] is None
+    running = fresh.running()
+    assert [str(running[i]["state"]) for i in (rescued, plain, paused)] == [
+        "running",
+        "running",
+        "paused",
+    ]
+    assert state(cloud, rescued) == ("RESCUE", "rescued", 1, None)
     fresh.close()
 
 

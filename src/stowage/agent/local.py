@@ -16,6 +16,7 @@ from stowage.agent.runtime import AgentConfig
 from stowage.agent.server import AgentServer, ConsoleSettings, ImageUpload
 from stowage.bus.base import LoopBridge, Transport
 from stowage.bus.inproc import InProcTransport
+from stowage.domain.errors import NotFound
 from stowage.services.caller import SystemCaller
 from stowage.services.cloud import Cloud
 from stowage.services.conductor import Conductor, conductor_config
@@ -430,14 +431,36 @@ def restore_guests(cloud: Cloud, host: str, driver: Driver) -> list[str]:
         try:
             driver.spawn(instance_id, pins, claim["cells"], claim["memory_mb"], guest)
             doc = cloud.objects.find("instance", instance_id)
-            if doc is not None and doc.body.get("vm_state") == "stopped":
-                driver.power_off(instance_id)
+            if doc is not None:
+                _restore_state(cloud, driver, instance_id, doc.body)
         except Exception as exc:  # one guest that cannot come back never stops the others
             log.warning("could not restore %s on %s: %s", instance_id, host, exc)
             continue
         present = {**present, instance_id: driver.running()[instance_id]}
         restored.append(instance_id)
     return restored
+
+
+def _restore_state(cloud: Cloud, driver: Driver, instance_id: str, body: dict[str, Any]) -> None:
+    """The restored guest as its record says it is: powered off when stopped, booted from
+    its rescue image (its own disk second) when rescued. The rescue password is not kept
+    (secrets leave the operation's record), so the rescue system comes back without one."""
+    from stowage.services.guest_spec import image_spec
+    from stowage.virt.driver import ImageSpec
+
+    state = body.get("vm_state")
+    if state == "stopped":
+        driver.power_off(instance_id)
+    elif state == "rescued":
+        image_id = str(body.get("rescue_image_id") or body.get("image_id") or "")
+        spec = image_spec(cloud, image_id)
+        if spec is None:
+            raise NotFound(f"rescue image {image_id} of {instance_id} is not an active image")
+        driver.rescue(instance_id, ImageSpec(**spec), "")
+    elif state == "paused":
+        driver.pause(instance_id)
+    elif state == "suspended":
+        driver.suspend(instance_id)
 
 
 def _placed(cloud: Cloud, host: str | None = None) -> list[tuple[str, str, str]]:

@@ -786,8 +786,11 @@ class Conductor:
         body = dict(before)
         if ok and op.kind == "rescue":
             body.update(status="RESCUE", vm_state="rescued", power_state=1)
+            # Kept so that a hypervisor that forgets its guests boots it rescued again.
+            body["rescue_image_id"] = op.payload.get("image_id")
         elif ok and op.kind == "unrescue":
             body.update(status="ACTIVE", vm_state="active", power_state=1)
+            body.pop("rescue_image_id", None)
         elif op.kind == "rescue":
             body.update(dict(op.payload.get("before") or {}))
         if op.kind != "inject-nmi":
