@@ -914,9 +914,22 @@ def sim_slow_disk(
     _sim_action(state_dir, host, "slow-disk", {"seconds": seconds})
 
 
+@sim_app.command("latency")
+def sim_latency(
+    host: str,
+    operation: Annotated[str, typer.Argument(help="spawn, attach_interface, ...")],
+    step: Annotated[str, typer.Argument(help="The step of OPERATION, e.g. start or plug.")],
+    seconds: Annotated[float, typer.Option("--seconds", help="How long the step takes.")],
+    state_dir: StateDir = Path(".stowage"),
+) -> None:
+    """Make STEP of OPERATION on HOST take SECONDS (then go on), like a slow hypervisor."""
+    args = {"operation": operation, "step": step, "seconds": seconds}
+    _sim_action(state_dir, host, "latency", args)
+
+
 @sim_app.command("clear")
 def sim_clear(host: str, state_dir: StateDir = Path(".stowage")) -> None:
-    """Remove HOST's faults and disk slowness; hung steps return with an error."""
+    """Remove HOST's faults, disk slowness and set latencies; hung steps return with an error."""
     _sim_action(state_dir, host, "clear", {})
 
 

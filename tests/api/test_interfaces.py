@@ -6,10 +6,12 @@ simulated guest has the NIC plugged (or unplugged)."""
 from __future__ import annotations
 
 import ipaddress
+import time
 import uuid
+from pathlib import Path
 from typing import Any
 
-from tests.api.cloudproc import RunningCloud
+from tests.api.cloudproc import RunningCloud, start_cloud, stop_cloud
 from tests.api.test_guest_actions import guest
 
 
@@ -119,3 +121,53 @@ def test_attach_refusals_and_a_failed_hot_plug(cloud: RunningCloud) -> None:
     assert cloud.compute("POST", action, json=gone, version="2.43").status_code == 400
     cloud.osc("server", "delete", "--wait", name)
     assert cloud.osc("port", "show", port_id, check=False).returncode != 0
+
+
+def test_an_attach_slower_than_the_api_wait_is_answered_as_in_progress(tmp_path: Path) -> None:
+    """Nova answers 200 once the NIC is plugged. A plug slower than the API's wait (here
+    2 x 2 s + 5 s) is answered 202 with the port and port_state BUILD, shown so by the list,
+    until the host has plugged it (before: 200 with the port ACTIVE, the plug still going)."""
+    cloud = start_cloud(tmp_path / "state", "--op-timeout", "2")
+    try:
+        name = f"nics-{uuid.uuid4().hex[:6]}"
+        server = cloud.boot(name)
+        server_id, host = server["id"], server["OS-EXT-SRV-ATTR:host"]
+        slow = {"latency": {"operation": "attach_interface", "step": "plug", "seconds": 15}}
+        assert cloud.compute("POST", f"/os-stowage-sim/{host}/action", json=slow).status_code == 200
+        network = cloud.osc_json("network", "show", "private")["id"]
+        path = f"/servers/{server_id}/os-interface"
+        started = time.monotonic()
+        answer = cloud.compute("POST", path, json={"interfaceAttachment": {"net_id": network}})
+        assert answer.status_code == 202, answer.text
+        pending = answer.json()["interfaceAttachment"]
+        assert (pending["net_id"], pending["port_state"]) == (network, "BUILD")
+        assert guest(cloud, server_id)["nics"] == []  # the plug is still going
+        listed = cloud.compute("GET", path).json()["interfaceAttachments"]
+        assert [(i["port_id"], i["port_state"]) for i in listed] == [(pending["port_id"], "BUILD")]
+        shown = cloud.compute("GET", f"{path}/{pending['port_id']}").json()["interfaceAttachment"]
+        assert shown["port_state"] == "BUILD"
+
+        deadline = started + 60
+        while guest(cloud, server_id)["nics"] != [pending["mac_addr"]]:
+            assert time.monotonic() < deadline, guest(cloud, server_id)
+            time.sleep(0.5)
+        while (done := cloud.compute("GET", path).json()["interfaceAttachments"])[0][
+            "port_state"
+        ] != "ACTIVE":
+            assert time.monotonic() < deadline, done
+            time.sleep(0.5)
+        assert [i["port_id"] for i in done] == [pending["port_id"]]
+        events = cloud.osc_json("server", "event", "list", "--long", name)
+        assert "attach_interface" in {e["Action"] for e in events}
+
+        # Without the slowness the answer is Nova's: 200 once plugged.
+        clear = {"clear": {}}
+        assert (
+            cloud.compute("POST", f"/os-stowage-sim/{host}/action", json=clear).status_code == 200
+        )
+        again = cloud.compute("POST", path, json={"interfaceAttachment": {"net_id": network}})
+        assert again.status_code == 200, again.text
+        assert again.json()["interfaceAttachment"]["port_state"] == "ACTIVE"
+        assert again.json()["interfaceAttachment"]["mac_addr"] in guest(cloud, server_id)["nics"]
+    finally:
+        stop_cloud(cloud)

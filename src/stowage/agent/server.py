@@ -459,12 +459,17 @@ class AgentServer:
             if seconds < 0:
                 raise ValueError("seconds must be >= 0")
             self.driver.config.slow_disk_s = seconds
+        elif method == "latency":
+            self.driver.set_latency(
+                str(payload["operation"]), str(payload["step"]), float(payload["seconds"])
+            )
         elif method == "repin":
             pins = {int(k): int(v) for k, v in dict(payload["pins"]).items()}
             await asyncio.to_thread(self.driver.tamper_pins, str(payload["instance_id"]), pins)
         elif method == "clear":
             self.driver.clear_faults()
             self.driver.config.slow_disk_s = 0.0
+            self.driver.clear_latency()
         else:
             raise ValueError(f"unknown control {method!r}")
         return self.show(await asyncio.to_thread(self.driver.running))

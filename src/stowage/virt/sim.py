@@ -152,6 +152,7 @@ class SimDriver:
     ) -> None:
         self.config = config or SimConfig()
         self._sleep = sleep  # the simulation passes its virtual clock's
+        self._latency_s: dict[tuple[str, str], float] = {}  # set_latency's, over the config's
         self._own_dir = disk_dir is None
         self.disk_dir = (
             Path(tempfile.mkdtemp(prefix="stowage-sim-")) if disk_dir is None else disk_dir
@@ -172,6 +173,20 @@ class SimDriver:
             raise ValueError(f"{operation!r} has no step {step!r}; steps: {STEPS.get(operation)}")
         with self._lock:
             self._faults[(operation, step)] = _Fault(kind, times)
+
+    def set_latency(self, operation: str, step: str, seconds: float) -> None:
+        """Make every later run of `operation`'s `step` take `seconds` (0: none)."""
+        if step not in STEPS.get(operation, ()):
+            raise ValueError(f"{operation!r} has no step {step!r}; steps: {STEPS.get(operation)}")
+        if seconds < 0:
+            raise ValueError("seconds must be >= 0")
+        with self._lock:
+            self._latency_s[(operation, step)] = seconds
+
+    def clear_latency(self) -> None:
+        """Undo every `set_latency` (the configured latencies stay)."""
+        with self._lock:
+            self._latency_s.clear()
 
     def tamper_pins(self, instance_id: str, pins: dict[int, int]) -> None:
         """Repin a defined instance behind the ledger's back, as a stray `virsh vcpupin` would."""
@@ -723,6 +738,8 @@ class SimDriver:
         """Sleep the step's latency, then apply an injected fault if one is armed."""
         latency = self.config.step_latency_s
         delay_s = latency.get(f"{operation}.{step}", latency.get(step, 0.0))
+        with self._lock:
+            delay_s = self._latency_s.get((operation, step), delay_s)
         if delay_s > 0:
             self._sleep(delay_s)
         fault = self._take_fault(operation, step)

@@ -4,7 +4,10 @@ actions (gone at 2.44: 404 from then on), over services/interfaces.py.
 
 An attach answers as Nova's does, once the interface is attached (Nova's is a synchronous
 call to the compute host): the operation is awaited, bounded, and its outcome mapped
-(Neutron's refusals with their status, a failed hot-plug 500, InterfaceAttachFailed).
+(Neutron's refusals with their status, a failed hot-plug 500, InterfaceAttachFailed). An
+attach still going when the wait ends is answered 202 (accepted, not done) with its port and
+`port_state` BUILD, as the list and show say of it until the host has plugged the NIC: never
+a 200 for a plug that may yet fail.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from stowage.api.compute.microversion import Microversion, mv
 from stowage.api.responses import JSONResponse
 from stowage.domain.errors import ConflictError, InvalidSpec, NotFound
 from stowage.ledger.objects import Document
+from stowage.ledger.operations import ACTIVE_STATES
 from stowage.services import interfaces, networks
 from stowage.services.cloud import Cloud
 
@@ -31,12 +35,13 @@ router = APIRouter()
 FIXED_IP_ACTIONS = frozenset({"addFixedIp", "removeFixedIp"})
 
 
-def _interface(port: dict[str, Any]) -> dict[str, object]:
+def _interface(port: dict[str, Any], attaching: frozenset[str] = frozenset()) -> dict[str, object]:
+    """Nova's interfaceAttachment; BUILD while the port's attach has not ended."""
     return {
         "port_id": port["id"],
         "net_id": port.get("network_id"),
         "mac_addr": port.get("mac_address"),
-        "port_state": port.get("status", "ACTIVE"),
+        "port_state": "BUILD" if port["id"] in attaching else port.get("status", "ACTIVE"),
         "fixed_ips": [
             {"subnet_id": ip.get("subnet_id"), "ip_address": ip.get("ip_address")}
             for ip in port.get("fixed_ips") or []
@@ -66,11 +71,21 @@ def _refused(exc: Exception) -> ApiError:
 _REFUSALS = (networks.NetworkError, ConflictError, NotFound, InvalidSpec)
 
 
+def _attaching(cloud: Cloud, server_id: str) -> frozenset[str]:
+    """The ports of the server's attaches still going (made or bound, not yet plugged)."""
+    return frozenset(
+        str(op.payload["port_id"])
+        for op in cloud.operations.active(instance_id=server_id)
+        if op.kind == "interface-attach" and op.payload.get("port_id")
+    )
+
+
 @router.get("/servers/{server_id}/os-interface")
 async def list_interfaces(request: Request, server_id: str) -> JSONResponse:
     cloud, _ctx, _doc = _load(request, server_id)
     ports = networks.ports_of(cloud, server_id)
-    return JSONResponse({"interfaceAttachments": [_interface(p) for p in ports]})
+    attaching = _attaching(cloud, server_id)
+    return JSONResponse({"interfaceAttachments": [_interface(p, attaching) for p in ports]})
 
 
 @router.get("/servers/{server_id}/os-interface/{port_id}")
@@ -78,7 +93,9 @@ async def show_interface(request: Request, server_id: str, port_id: str) -> JSON
     cloud, _ctx, _doc = _load(request, server_id)
     for port in networks.ports_of(cloud, server_id):
         if port["id"] == port_id:
-            return JSONResponse({"interfaceAttachment": _interface(port)})
+            return JSONResponse(
+                {"interfaceAttachment": _interface(port, _attaching(cloud, server_id))}
+            )
     raise ApiError(404, f"Port {port_id} is not attached to instance {server_id}.")
 
 
@@ -147,10 +164,16 @@ async def attach_interface(request: Request, server_id: str) -> JSONResponse:
         )
     made = op.payload.get("port_id") if op is not None else None
     port = cloud.objects.find("port", str(made or port_id or ""))
-    if port is None:  # still being made: the operation goes on, the list will show it
-        return JSONResponse(
-            {"interfaceAttachment": {"net_id": net_id, "port_state": "BUILD"}}, status_code=200
-        )
+    if op is not None and op.state in ACTIVE_STATES:
+        # Not plugged within the wait: accepted, still going; the list shows it BUILD until
+        # the host has plugged it (or it is gone, when the plug fails).
+        if port is None:  # not even made yet
+            pending = {"port_id": port_id, "net_id": net_id, "port_state": "BUILD"}
+            return JSONResponse({"interfaceAttachment": pending}, status_code=202)
+        view = _interface(dict(port.body), frozenset({port.id}))
+        return JSONResponse({"interfaceAttachment": view}, status_code=202)
+    if port is None:
+        raise ApiError(500, f"Failed to attach network adapter device to {doc.id}: port gone")
     return JSONResponse({"interfaceAttachment": _interface(dict(port.body))})
 
 

@@ -3,7 +3,8 @@
 `GET /os-stowage-sim` shows every host's agent (running or stopped, what its hypervisor
 runs, with pins); `POST /os-stowage-sim/{host}/action` takes one of `{"stop": {}}`,
 `{"start": {}}`, `{"fault": {"operation", "step", "action": fail|hang|crash, "times"}}`,
-`{"slow-disk": {"seconds": S}}`, `{"clear": {}}`, and `{"repin": {"instance_id", "pins"}}`
+`{"slow-disk": {"seconds": S}}`, `{"latency": {"operation", "step", "seconds"}}` (that step takes
+S seconds, then goes on), `{"clear": {}}`, and `{"repin": {"instance_id", "pins"}}`
 (change an instance's pins behind the ledger's back, for the reconciler to find). The
 controls reach the agent over the bus, on a topic it serves even while "stopped".
 """
@@ -30,6 +31,7 @@ _ACTIONS = {
     "start": "start",
     "fault": "fault",
     "slow-disk": "slow_disk",
+    "latency": "latency",
     "clear": "clear",
 }
 
@@ -95,7 +97,11 @@ async def act(request: Request, host: str) -> JSONResponse:
             raise ApiError(400, "Invalid input for field/attribute pins: {vCPU: pCPU} required")
         if not all(str(k).isdigit() and isinstance(v, int) for k, v in pins.items()):
             raise ApiError(400, "Invalid input for field/attribute pins: {vCPU: pCPU} required")
-    if action == "slow-disk":
+    if action == "latency":
+        for field in ("operation", "step"):
+            if not isinstance(args.get(field), str):
+                raise ApiError(400, f"Invalid input for field/attribute {field}: required")
+    if action in ("slow-disk", "latency"):
         seconds = args.get("seconds")
         if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
             raise ApiError(400, "Invalid input for field/attribute seconds: a number >= 0")
