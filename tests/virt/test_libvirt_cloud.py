@@ -6,6 +6,7 @@ Never skipped in CI (CI=true): a missing QEMU, libvirt or guest package is a fai
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -420,3 +421,133 @@ def test_two_pinned_guests_migrated_at_once_to_room_for_one(cloud: RunningCloud)
 
 def _counting(api: _Api, name: str, past: int) -> Callable[[], bool]:
     return lambda: _uptime(api.console(name)) > past
+
+
+def test_a_real_guest_shelved_offloaded_and_unshelved_through_the_openstack_cli(
+    cloud: RunningCloud,
+) -> None:
+    """Shelve on real QEMU, as Nova with `shelved_offload_time = 0`: the disk goes into the
+    image `<name>-shelved`, then the guest, its disk and every claim go; unshelve to a named
+    host (2.91) boots a new guest from that image, pinned as the ledger says, and the image
+    goes; a server deleted while shelved takes its image with it."""
+    api = _Api(cloud)
+    name = "shelf"
+    cloud.osc(
+        "server", "create", "--flavor", "m1.pinned", "--image", "stowage-guest",
+        "--nic", "none", name,
+    )  # fmt: skip
+    api.active(name)
+    first = api.server(name)
+    server_id = first["id"]
+    boot_id = api.boot_id(name)
+    pins = _ledger_pins(cloud, server_id)
+    assert _vcpupin(cloud, first["host"], server_id) == {0: str(pins[0])}
+    original = cloud.osc_json("image", "show", "stowage-guest")
+
+    cloud.osc("server", "shelve", "--offload", "--wait", name)
+    shelved = api.server(name)
+    assert (shelved["status"], shelved["host"], shelved["task_state"]) == (
+        "SHELVED_OFFLOADED",
+        None,
+        None,
+    )
+    _assert_nowhere(cloud, server_id)
+    assert _shelve_claims(cloud, server_id) == {}
+    image = cloud.osc_json("image", "show", f"{name}-shelved")
+    assert (image["status"], image["disk_format"]) == ("active", original["disk_format"])
+    assert image["properties"]["instance_uuid"] == server_id
+
+    target = next(h for h in HOSTS if h != first["host"])
+    cloud.osc(
+        "--os-compute-api-version", "2.91", "server", "unshelve", "--host", target, "--wait",
+        name,
+    )  # fmt: skip
+    api.active(name)
+    back = api.server(name)
+    assert back["host"] == target
+    _wait_for(lambda: api.boot_id(name) != boot_id, "a new boot from the shelved image")
+    assert guest_image.MARKER in _console(cloud, name)
+    # It booted from the shelved image, and its disk was then rebased onto the server's own
+    # image (Nova's fix of bug 1732428): a later move fetches that one as the base.
+    _assert_disk_of_shelved(cloud, target, server_id, original["id"], image["id"])
+    new_pins = _ledger_pins(cloud, server_id)
+    assert len(new_pins) == 1
+    assert _vcpupin(cloud, target, server_id) == {0: str(new_pins[0])}
+    assert set(_shelve_claims(cloud, server_id)) == {"allocations", "numa_claims", "pins"}
+    shown = api._call("GET", f"/servers/{server_id}").json()["server"]
+    assert shown["image"]["id"] == original["id"]  # as Nova: the server's image is the one it had
+    gone = cloud.osc("image", "show", image["id"], check=False)
+    assert gone.returncode != 0  # unshelved: the shelve's image is deleted (Nova's)
+
+    # Live-migrated afterwards: the destination's disk, on the server's image, is the same
+    # data the shelve saved (before the rebase, the overlay went onto the wrong base).
+    cloud.osc("server", "migrate", "--live-migration", "--wait", name)
+    moved = api.server(name)
+    assert moved["status"] == "ACTIVE" and moved["host"] != target
+    cached = cloud.state_dir / "libvirt" / target / "disks" / "images" / image["id"]
+    _assert_disk_of_shelved(cloud, moved["host"], server_id, original["id"], image["id"], cached)
+    assert _vcpupin(cloud, moved["host"], server_id) == {0: str(_ledger_pins(cloud, server_id)[0])}
+
+    # Shelved again, then deleted while shelved: the new image goes with the server.
+    cloud.osc("server", "shelve", "--wait", name)
+    _assert_nowhere(cloud, server_id)
+    again = cloud.osc_json("image", "show", f"{name}-shelved")
+    cloud.osc("server", "delete", "--wait", name)
+    _assert_nowhere(cloud, server_id)
+    assert _shelve_claims(cloud, server_id) == {}
+    assert cloud.osc("image", "show", again["id"], check=False).returncode != 0
+
+
+def _assert_disk_of_shelved(
+    cloud: RunningCloud,
+    host: str,
+    server_id: str,
+    own_image: str,
+    shelved_image: str,
+    shelved_copy: Path | None = None,
+) -> None:
+    """The server's disk on `host` is an overlay on its own image, cached there, and holds
+    what the shelve saved (the shelved image's cached copy on `host`, or `shelved_copy`)."""
+    disks = cloud.state_dir / "libvirt" / host / "disks"
+    disk = disks / f"{server_id}.qcow2"
+    done = subprocess.run(
+        ["qemu-img", "info", "-U", "--output=json", str(disk)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    backing = json.loads(done.stdout).get("backing-filename")
+    assert backing == str((disks / "images" / own_image).resolve()), done.stdout
+    saved = shelved_copy or disks / "images" / shelved_image
+    same = subprocess.run(
+        ["qemu-img", "compare", "-U", str(disk), str(saved)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert same.returncode == 0, same.stdout + same.stderr
+
+
+def _assert_nowhere(cloud: RunningCloud, server_id: str) -> None:
+    """No domain and no file of the server on any host."""
+    for host in HOSTS:
+        assert f"instance-{server_id}" not in _virsh(cloud, host, "list", "--all")
+        disks = cloud.state_dir / "libvirt" / host / "disks"
+        left = [p.name for p in disks.rglob(f"*{server_id}*")]
+        assert not left, (host, left)
+
+
+def _shelve_claims(cloud: RunningCloud, consumer_id: str) -> dict[str, int]:
+    """The ledger's rows of each claim table held by `consumer_id` (none: absent)."""
+    db = sqlite3.connect(f"file:{cloud.state_dir / 'ledger.db'}?mode=ro", uri=True)
+    try:
+        counts = {
+            table: db.execute(
+                f"SELECT count(*) FROM {table} WHERE consumer_id = ?",
+                (consumer_id,),
+            ).fetchone()[0]
+            for table in ("allocations", "numa_claims", "pins")
+        }
+    finally:
+        db.close()
+    return {table: n for table, n in counts.items() if n}

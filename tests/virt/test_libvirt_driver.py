@@ -27,6 +27,7 @@ from stowage.virt.driver import (
     Driver,
     DriverError,
     Guest,
+    ImageSpec,
     InstanceNotFound,
     InstanceState,
 )
@@ -694,3 +695,13 @@ def test_a_guest_with_volumes_and_a_config_drive_crosses_the_bus() -> None:
     assert again == guest
     assert again.root_volume == guest.volumes[0]
     assert Guest.from_payload(Guest(vcpus=1, memory_mb=64).to_payload()).config_drive is None
+
+
+def test_an_unshelved_guest_crosses_the_bus_with_the_image_to_rebase_onto() -> None:
+    own = ImageSpec(id="own", disk_format="raw", size=1)
+    shelved = ImageSpec(id="shelved", disk_format="qcow2", size=2)
+    for guest in (
+        Guest(vcpus=1, memory_mb=64, image=shelved, rebase_image=own),
+        Guest(vcpus=1, memory_mb=64, image=shelved, flatten_disk=True),
+    ):
+        assert Guest.from_payload(json.loads(json.dumps(guest.to_payload()))) == guest

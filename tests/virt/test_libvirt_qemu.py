@@ -611,3 +611,70 @@ def test_nic_hotplug_nmi_and_rescue_of_a_real_guest(world: dict[str, Any]) -> No
         if iid in h1.running():
             h1.destroy(iid)
     assert not list(h1.disk_dir.glob(f"{iid}*"))
+
+
+def _image_of(path: Path, disk_format: str) -> ImageSpec:
+    data = path.read_bytes()
+    return ImageSpec(
+        id=str(uuid.uuid4()),
+        disk_format=disk_format,
+        size=len(data),
+        checksum=hashlib.md5(data, usedforsecurity=False).hexdigest(),
+        hash_algo="sha512",
+        hash_value=hashlib.sha512(data).hexdigest(),
+    )
+
+
+def test_an_unshelved_disk_is_rebased_onto_the_servers_image_or_flattened(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
+    """An unshelve boots from the shelve's image, then its disk leans on the server's own
+    image (a safe rebase: what the shelve saved stays, Nova's fix of bug 1732428), or on
+    nothing when that image is gone; before, it stayed an overlay on the shelve's image,
+    which is deleted, while a later move fetched the server's image as its base."""
+    h1: LibvirtDriver = world["h1"]
+    image: ImageSpec = world["image"]
+    server: Any = world["server"]
+    # The shelve's image: the guest's disk with data only it wrote (0x5a at 40 MiB, inside
+    # the base image's 48 MiB), flattened into a standalone qcow2, as a snapshot is.
+    shelved_path = tmp_path / "shelved.qcow2"
+    subprocess.run(
+        ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(server.images[image.id]),
+         str(shelved_path)],
+        check=True,
+    )  # fmt: skip
+    _qemu_io(shelved_path, "write -P 0x5a 40M 1M")
+    shelved = _image_of(shelved_path, "qcow2")
+    server.images[shelved.id] = shelved_path
+    for rebase in (image, None):
+        iid = str(uuid.uuid4())
+        guest = Guest(
+            vcpus=1,
+            memory_mb=128,
+            root_gb=1,
+            image=shelved,
+            name="unshelved",
+            rebase_image=rebase,
+            flatten_disk=rebase is None,
+        )
+        h1.spawn(iid, {}, [], 128, guest)
+        disk = h1.disk_dir / f"{iid}.qcow2"
+        info = json.loads(
+            subprocess.run(
+                ["qemu-img", "info", "-U", "--output=json", str(disk)],
+                capture_output=True, text=True, check=True,
+            ).stdout
+        )  # fmt: skip
+        if rebase is None:
+            assert "backing-filename" not in info, info
+        else:
+            assert info["backing-filename"] == str((h1.images.directory / image.id).resolve())
+        _qemu_io(disk, "read -P 0x5a 40M 1M", force_share=True)  # what the shelve saved
+        same = subprocess.run(
+            ["qemu-img", "compare", "-U", str(disk), str(shelved_path)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert same.returncode == 0, same.stdout + same.stderr
+        _booted(h1, iid)
+        h1.destroy(iid)
+        assert not list(h1.disk_dir.glob(f"{iid}*"))

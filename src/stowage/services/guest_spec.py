@@ -57,9 +57,14 @@ def guest_payload(
         "nics": [],
         "user_data": body.get("user_data"),  # base64, as the API stored it
     }
-    # An unshelve boots from the image its shelve made of the disk.
+    # An unshelve boots from the image its shelve made of the disk, which is then rebased
+    # onto the server's own image (flattened when that image is gone).
     image_id = (body.get("shelved_image_id") or body.get("image_id")) if body else None
     out["image"] = image_spec(cloud, str(image_id or "")) if body else None
+    if body.get("shelved_image_id") and out["image"] is not None:
+        own = image_spec(cloud, str(body.get("image_id") or ""))
+        out["rebase_image"] = own
+        out["flatten_disk"] = own is None
     nics: dict[str, dict[str, Any]] = {}
     for entries in networks.addresses_of(cloud, instance_id).values():
         for entry in entries:

@@ -127,6 +127,11 @@ class Guest:
     volumes: tuple[BlockDevice, ...] = ()
     # The config drive's files (path -> bytes) when the server asked for one.
     config_drive: Mapping[str, bytes] | None = None
+    # An unshelve boots from the shelve's image (`image`), then its disk is rebased onto the
+    # server's own image, or flattened when that image is gone (Nova's fix of bug 1732428):
+    # a later move fetches the server's image as the base, not the deleted shelve's.
+    rebase_image: ImageSpec | None = None
+    flatten_disk: bool = False
 
     @property
     def root_volume(self) -> BlockDevice | None:
@@ -164,6 +169,8 @@ class Guest:
             "config_drive": None
             if self.config_drive is None
             else {k: base64.b64encode(v).decode() for k, v in sorted(self.config_drive.items())},
+            "rebase_image": None if self.rebase_image is None else dict(self.rebase_image.__dict__),
+            "flatten_disk": self.flatten_disk,
         }
 
     @classmethod
@@ -171,6 +178,7 @@ class Guest:
         """The inverse of `to_payload`; a bare claim (pins, cells, memory_mb) works too."""
         pins = {int(k): int(v) for k, v in dict(payload.get("pins") or {}).items()}
         image = payload.get("image")
+        rebase = payload.get("rebase_image")
         return cls(
             vcpus=int(payload.get("vcpus") or len(pins)),
             memory_mb=int(payload.get("memory_mb") or 0),
@@ -195,6 +203,8 @@ class Guest:
             config_drive=None
             if payload.get("config_drive") is None
             else {str(k): base64.b64decode(v) for k, v in dict(payload["config_drive"]).items()},
+            rebase_image=ImageSpec(**dict(rebase)) if rebase else None,
+            flatten_disk=bool(payload.get("flatten_disk")),
         )
 
 

@@ -1234,7 +1234,18 @@ class LibvirtDriver:
             str(overlay),
             str(size),
         )
-        (self.disk_dir / f"{instance_id}.base").write_text(guest.image.disk_format)
+        base_format = guest.image.disk_format
+        if guest.rebase_image is not None:
+            # A safe rebase: what differs between the two bases goes into the overlay.
+            own = self.images.path(guest.rebase_image)
+            base_format = guest.rebase_image.disk_format
+            qemu_img(
+                "rebase", "-q", "-f", "qcow2", "-F", base_format, "-b", str(own.resolve()),
+                str(overlay),
+            )  # fmt: skip
+        elif guest.flatten_disk:
+            qemu_img("rebase", "-q", "-f", "qcow2", "-b", "", str(overlay))
+        (self.disk_dir / f"{instance_id}.base").write_text(base_format)
         return overlay, "qcow2"
 
     def _take_disk(
