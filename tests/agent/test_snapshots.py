@@ -167,3 +167,60 @@ def test_a_snapshot_cut_off_by_an_agent_crash_ends_its_image(
     doc = cloud.objects.find("instance", vm)
     assert (then, doc is None) in (("deleted", True), ("retried", False))
     assert doc is None or doc.body["task_state"] is None
+
+
+def test_a_shelve_stops_the_guest_before_it_copies_the_disk(cloud: Cloud, tmp_path: Path) -> None:
+    """Nova powers a guest off before the shelve snapshot, so the image is of a disk nothing
+    writes to. Before the fix the running guest's disk was copied as it changed, and the guest
+    destroyed only after: an image of a disk caught mid-write."""
+    from stowage.services.shelve import shelve_server
+
+    vm = active_server(cloud, tmp_path)
+    host = str(cloud.objects.get("instance", vm).body["host"])
+    drivers = {h: SimDriver(SimConfig(disk_bytes=4096), disk_dir=tmp_path / "d" / h) for h in HOSTS}
+    drivers[host].adopt(vm, {})  # the guest, running, on this scenario's own hypervisor
+    states: list[str] = []
+    read_disk = drivers[host].read_disk
+
+    def observed_read(instance_id: str, chunk_bytes: int, disk_format: str | None = None) -> Any:
+        states.append(str(drivers[host].running()[instance_id]["state"]))
+        return read_disk(instance_id, chunk_bytes, disk_format)
+
+    drivers[host].read_disk = observed_read  # type: ignore[method-assign]
+    shelve_server(cloud, SystemCaller("p"), vm, "req-shelve")
+
+    async def scenario() -> None:
+        routes = _Routes()
+        servers = []
+        for name in HOSTS:
+            transport = InProcTransport()
+            server = AgentServer(
+                name,
+                drivers[name],
+                transport,
+                lambda n=name: cloud.ledger.heartbeat([n]),
+                image_sink=make_upload_sink(cloud),
+            )
+            await server.serve()
+            routes.hosts[name] = transport
+            servers.append(server)
+        conductor = Conductor(cloud, routes, FAST)  # type: ignore[arg-type]
+        task = asyncio.create_task(conductor.run())
+        try:
+            await until(cloud, lambda: not open_work(cloud))
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            for server in servers:
+                await server.close()
+            await routes.close()
+
+    asyncio.run(scenario())
+    body = cloud.objects.get("instance", vm).body
+    with cloud.ledger.engine.connect() as conn:
+        results = conn.exec_driver_sql("SELECT kind, state, result FROM operations").all()
+    assert body["vm_state"] == "shelved_offloaded", results
+    assert states == ["shutoff"], states  # the disk was read once, from a stopped guest
+    ops = [op for op, iid in drivers[host].calls if iid == vm]
+    assert ops.index("power_off") < ops.index("read_disk") < ops.index("destroy"), ops
+    assert images(cloud)[str(body["shelved_image_id"])] == "active"

@@ -312,7 +312,7 @@ class AgentServer:
             call = getattr(agent, method)
             return await self._result(await call(op_id, instance_id))
         if method == "snapshot":
-            return await self._snapshot(instance_id, payload)
+            return await self._snapshot(op_id, instance_id, payload)
         if method in _GUEST_METHODS:
             return await self._guest_method(method, payload, op_id)
         if method == "running":
@@ -408,9 +408,15 @@ class AgentServer:
             return {"ok": True, "duration_s": result.duration_s}
         return {"ok": False, "code": result.error_code, "error": result.error}
 
-    async def _snapshot(self, instance_id: str, payload: Payload) -> Payload:
+    async def _snapshot(self, op_id: str, instance_id: str, payload: Payload) -> Payload:
+        """The disk streamed into the image; with `power_off` (a shelve) the guest is stopped
+        first, so the copy is of a disk nothing writes to."""
         if self.image_sink is None:
             return {"ok": False, "code": "agent.snapshot.no_sink", "error": "no image service"}
+        if payload.get("power_off"):
+            stopped = await self.agent.power_off(f"{op_id}:power_off", instance_id)
+            if not stopped.ok:
+                return await self._result(stopped)
         upload = await self.image_sink(str(payload["image_id"]), payload)
         try:
             disk_format = payload.get("disk_format")

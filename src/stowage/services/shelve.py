@@ -61,7 +61,8 @@ def shelve_server(cloud: Cloud, caller: Caller, instance_id: str, request_id: st
         if image_backed:
             name = f"{body.get('name') or instance_id}-shelved"
             image = queued_snapshot(cloud, caller, conn, body, name, {})
-            payload = snapshot_payload(image, caller, request_id)
+            # Stopped first, as Nova does: the image is of a disk nothing writes to.
+            payload = {**snapshot_payload(image, caller, request_id), "power_off": True}
         write_instance(cloud, instance_id, body, after, conn=conn)
         cloud.operations.enqueue(
             "shelve",
