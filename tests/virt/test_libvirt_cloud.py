@@ -381,10 +381,22 @@ def test_a_server_boots_from_a_volume_with_a_config_drive_through_the_openstack_
     seeing it come and go; a live migration that copies no volume; the root volume kept at
     delete (the CLI sends delete_on_termination false) and no domain or disk left behind."""
     api = _Api(cloud)
+    # The cloud's guest disk (built at its start by stowage.virt.guest_image, as the script
+    # does), uploaded as qcow2 as the script's --format qcow2 makes it: the volume made from
+    # it must be raw, the same bytes as the disk.
+    built = cloud.state_dir / "libvirt" / "guest.raw"
+    qcow2 = tmp_path / "guest.qcow2"
+    subprocess.run(
+        ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(built), str(qcow2)], check=True
+    )
+    cloud.osc(
+        "image", "create", "--disk-format", "qcow2", "--container-format", "bare",
+        "--file", str(qcow2), "guest-bfv",
+    )  # fmt: skip
     user_data = tmp_path / "user-data"
     user_data.write_bytes(b"#!/bin/sh\necho stowage boot from volume\n")
     cloud.osc(
-        "server", "create", "--flavor", "m1.micro", "--image", "stowage-guest",
+        "server", "create", "--flavor", "m1.micro", "--image", "guest-bfv",
         "--boot-from-volume", "1", "--config-drive", "true", "--user-data", str(user_data),
         "--nic", "none", "bfv",
     )  # fmt: skip
@@ -407,9 +419,10 @@ def test_a_server_boots_from_a_volume_with_a_config_drive_through_the_openstack_
     assert _qemu_img_info(root_file).get("format") == "raw"
     assert "backing-filename" not in _qemu_img_info(root_file)
     inode = root_file.stat().st_ino
-    built = cloud.state_dir / "libvirt" / "guest.raw"  # what stowage-guest was made from
+    assert root_file.stat().st_size == 1 << 30  # --boot-from-volume 1: 1 GiB
     with built.open("rb") as image, root_file.open("rb") as volume:
-        assert volume.read(1 << 20) == image.read(1 << 20)
+        disk = image.read()
+        assert volume.read(len(disk)) == disk  # converted to raw: the image's own disk
 
     # The guest boots from it and reads its config drive.
     boot_id = api.boot_id("bfv")
