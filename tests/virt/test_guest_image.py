@@ -1,5 +1,6 @@
 """The guest disk built from Debian packages boots under QEMU (TCG) and prints its marker,
-the disks it sees and a config drive's meta_data.json."""
+the disks it sees and a config drive's meta_data.json (and its user_data when it has one: see
+tests/virt/test_libvirt_qemu.py)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ def test_the_guest_boots_under_tcg_and_counts(tmp_path: Path) -> None:
         assert f"{guest_image.DISKS_PREFIX} sr0 vda \n" in text
         assert f"{guest_image.CONFIG_DRIVE_PREFIX} /dev/sr0\n" in text
         assert f'{guest_image.META_DATA_PREFIX} {{"uuid": "u-42"}}\n' in text
+        assert guest_image.USER_DATA_PREFIX not in text  # this drive has no user_data
     finally:
         proc.kill()
         proc.wait()

@@ -6,6 +6,7 @@ Never skipped in CI (CI=true): a missing QEMU, libvirt or guest package is a fai
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -368,6 +370,179 @@ def _last_disks(console: str) -> list[str]:
 def _last_nics(console: str) -> list[str]:
     seen = re.findall(rf"^{guest_image.NICS_PREFIX} (.*)$", console, re.M)
     return seen[-1].split() if seen else []
+
+
+def test_a_server_boots_from_a_volume_with_a_config_drive_through_the_openstack_cli(
+    cloud: RunningCloud, tmp_path: Path
+) -> None:
+    """Seed 004's `--boot-from-volume` on real QEMU: the guest boots from the volume's own file
+    (no overlay of the image) and reads its config drive (meta_data.json's uuid is the
+    server's, user_data is the file given); a data volume hot-plugged and unplugged, the guest
+    seeing it come and go; a live migration that copies no volume; the root volume kept at
+    delete (the CLI sends delete_on_termination false) and no domain or disk left behind."""
+    api = _Api(cloud)
+    # The cloud's guest disk (built at its start by stowage.virt.guest_image, as the script
+    # does), uploaded as qcow2 as the script's --format qcow2 makes it: the volume made from
+    # it must be raw, the same bytes as the disk.
+    built = cloud.state_dir / "libvirt" / "guest.raw"
+    qcow2 = tmp_path / "guest.qcow2"
+    subprocess.run(
+        ["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(built), str(qcow2)], check=True
+    )
+    cloud.osc(
+        "image", "create", "--disk-format", "qcow2", "--container-format", "bare",
+        "--file", str(qcow2), "guest-bfv",
+    )  # fmt: skip
+    user_data = tmp_path / "user-data"
+    user_data.write_bytes(b"#!/bin/sh\necho stowage boot from volume\n")
+    cloud.osc(
+        "server", "create", "--flavor", "m1.micro", "--image", "guest-bfv",
+        "--boot-from-volume", "1", "--config-drive", "true", "--user-data", str(user_data),
+        "--nic", "none", "bfv",
+    )  # fmt: skip
+    api.active("bfv")
+    server = api.server("bfv")
+    sid, source = server["id"], server["host"]
+    project = str(api._call("GET", f"/servers/{sid}").json()["server"]["tenant_id"])
+    attachments = api._call("GET", f"/servers/{sid}/os-volume_attachments").json()
+    (root,) = attachments["volumeAttachments"]
+    assert (root["device"], root["delete_on_termination"]) == ("/dev/vda", False)
+    root_id = str(root["volumeId"])
+    volumes = cloud.state_dir / "volumes"
+    root_file = volumes / f"volume-{root_id}"
+
+    # The root disk is the volume's file, raw, not an overlay of the image.
+    disks = _domain_disks(cloud, source, sid)
+    config_iso = cloud.state_dir / "libvirt" / source / "disks" / f"{sid}.config.iso"
+    assert disks == {"vda": str(root_file), "hda": str(config_iso)}
+    assert not list((cloud.state_dir / "libvirt" / source / "disks").glob(f"{sid}*.qcow2"))
+    assert _qemu_img_info(root_file).get("format") == "raw"
+    assert "backing-filename" not in _qemu_img_info(root_file)
+    inode = root_file.stat().st_ino
+    assert root_file.stat().st_size == 1 << 30  # --boot-from-volume 1: 1 GiB
+    with built.open("rb") as image, root_file.open("rb") as volume:
+        disk = image.read()
+        assert volume.read(len(disk)) == disk  # converted to raw: the image's own disk
+
+    # The guest boots from it and reads its config drive.
+    boot_id = api.boot_id("bfv")
+    _wait_for(lambda: _last_disks(api.console("bfv")) == ["sr0", "vda"], "the guest's disks", 60)
+    _wait_for(lambda: guest_image.META_DATA_PREFIX in api.console("bfv"), "the config drive", 60)
+    text = api.console("bfv")
+    assert f"{guest_image.CONFIG_DRIVE_PREFIX} /dev/sr0" in text
+    meta = re.search(rf"^{guest_image.META_DATA_PREFIX} (.*)$", text, re.M)
+    assert meta is not None and json.loads(meta.group(1))["uuid"] == sid
+    assert json.loads(meta.group(1))["name"] == "bfv"
+    _wait_for(lambda: guest_image.USER_DATA_PREFIX in api.console("bfv"), "the user data", 30)
+    seen = re.search(rf"^{guest_image.USER_DATA_PREFIX} (\S*)", api.console("bfv"), re.M)
+    assert seen is not None and base64.b64decode(seen.group(1)) == user_data.read_bytes()
+
+    # A blank volume hot-plugged: the guest sees a new disk, Cinder says in-use.
+    data_id = str(cloud.osc_json("volume", "create", "--size", "1", "data")["id"])
+    cloud.osc("server", "add", "volume", "bfv", "data")
+    _wait_for(lambda: _volume(api, project, data_id)["status"] == "in-use", "data to be in-use", 60)
+    _wait_for(lambda: _last_disks(api.console("bfv")) == ["sr0", "vda", "vdb"], "the new disk", 60)
+    shown = cloud.osc_json("volume", "show", "data")
+    assert shown["status"] == "in-use"
+    assert [(a["server_id"], a["device"]) for a in shown["attachments"]] == [(sid, "/dev/vdb")]
+    assert _domain_disks(cloud, source, sid)["vdb"] == str(volumes / f"volume-{data_id}")
+    listed = api._call("GET", f"/servers/{sid}").json()["server"]
+    assert {v["id"] for v in listed["os-extended-volumes:volumes_attached"]} == {root_id, data_id}
+    # ... and unplugged: gone from the guest and from the domain, available again.
+    cloud.osc("server", "remove", "volume", "bfv", "data")
+    _wait_for(
+        lambda: _volume(api, project, data_id)["status"] == "available", "data to be available", 60
+    )
+    _wait_for(lambda: _last_disks(api.console("bfv")) == ["sr0", "vda"], "the disk to go", 60)
+    assert "vdb" not in _domain_disks(cloud, source, sid)
+    assert not _volume(api, project, data_id)["attachments"]
+
+    # Attached again, to go at the server's delete (2.79): it moves with the guest.
+    cloud.osc(
+        "--os-compute-api-version", "2.79", "server", "add", "volume",
+        "--enable-delete-on-termination", "bfv", "data",
+    )  # fmt: skip
+    _wait_for(lambda: _volume(api, project, data_id)["status"] == "in-use", "data in-use again")
+    _wait_for(lambda: _last_disks(api.console("bfv")) == ["sr0", "vda", "vdb"], "vdb again", 60)
+    data_file = volumes / f"volume-{data_id}"
+    files = {"vda": (str(root_file), inode), "vdb": (str(data_file), data_file.stat().st_ino)}
+
+    # Live migration: the same guest goes on elsewhere, on the very same volume files.
+    before = _uptime(api.console("bfv"))
+    cloud.osc("server", "migrate", "--live-migration", "--wait", "bfv")
+    api.active("bfv")
+    dest = api.server("bfv")["host"]
+    assert dest != source
+    assert f"instance-{sid}" not in _virsh(cloud, source, "list", "--all")
+    assert not list((cloud.state_dir / "libvirt" / source / "disks").glob(f"{sid}*"))
+    moved = _domain_disks(cloud, dest, sid)
+    dest_disks = cloud.state_dir / "libvirt" / dest / "disks"
+    assert moved == {
+        "vda": str(root_file),
+        "vdb": str(data_file),
+        "hda": str(dest_disks / f"{sid}.config.iso"),
+    }
+    assert {t: (p, Path(p).stat().st_ino) for t, p in moved.items() if t != "hda"} == files
+    assert not list(dest_disks.glob(f"{sid}*.qcow2"))
+    _wait_for(lambda: _uptime(api.console("bfv")) > before + 1, "the counter to go on")
+    after = api.console("bfv")  # the destination's log: from the switch-over on
+    assert f"boot_id={boot_id}" in after and guest_image.MARKER not in after
+    assert min(int(n) for n in re.findall(rf"{guest_image.UPTIME_PREFIX} (\d+) ", after)) >= before
+
+    # Delete: the root volume stays (the CLI's delete_on_termination false), detached; the
+    # data volume goes with the server (true); no domain and no disk is left on any host.
+    cloud.osc("server", "delete", "--wait", "bfv")
+    _wait_for(
+        lambda: _volume(api, project, root_id)["status"] == "available", "the root volume's detach"
+    )
+    kept = cloud.osc_json("volume", "show", root_id)
+    assert (kept["status"], kept["attachments"], kept["bootable"]) == ("available", [], True)
+    assert root_file.stat().st_ino == inode
+    _wait_for(lambda: not data_file.exists(), "the data volume's file to go", 60)
+    assert _volume(api, project, data_id) == {}  # 404
+    for host in HOSTS:
+        assert f"instance-{sid}" not in _virsh(cloud, host, "list", "--all")
+        disks_dir = cloud.state_dir / "libvirt" / host / "disks"
+        assert not list(disks_dir.glob(f"{sid}*")) and not list(disks_dir.glob(f"console/*{sid}*"))
+    cloud.osc("volume", "delete", root_id)
+    _wait_for(lambda: not root_file.exists(), "the root volume's file to go", 30)
+
+
+def _domain_disks(cloud: RunningCloud, host: str, server_id: str) -> dict[str, str]:
+    """The live domain's disks on `host`: target dev -> source file."""
+    root = ET.fromstring(_virsh(cloud, host, "dumpxml", f"instance-{server_id}"))
+    disks: dict[str, str] = {}
+    for disk in root.iterfind("./devices/disk"):
+        target, source = disk.find("target"), disk.find("source")
+        if target is not None and source is not None:
+            disks[target.get("dev", "")] = source.get("file") or source.get("dev") or ""
+    return disks
+
+
+def _qemu_img_info(path: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        ["qemu-img", "info", "-U", "--output=json", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    info: dict[str, Any] = json.loads(done.stdout)
+    return info
+
+
+def _volume(api: _Api, project_id: str, volume_id: str) -> dict[str, Any]:
+    """A volume as the block storage API shows it, over plain HTTP (for the polls); {} for
+    one that is not found."""
+    response = httpx.get(
+        f"{api.cloud.base_url}/volume/v3/{project_id}/volumes/{volume_id}",
+        headers={"X-Auth-Token": api._token},
+        timeout=30,
+    )
+    if response.status_code == 404:
+        return {}
+    assert response.status_code == 200, response.text
+    volume: dict[str, Any] = response.json()["volume"]
+    return volume
 
 
 def test_two_pinned_guests_migrated_at_once_to_room_for_one(cloud: RunningCloud) -> None:

@@ -4,6 +4,7 @@ and a live migration that lands on the destination's own pins."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import http.server
@@ -494,6 +495,10 @@ def test_a_guest_boots_from_a_volume_sees_its_volumes_and_reads_its_config_drive
         assert f"{guest_image.CONFIG_DRIVE_PREFIX} /dev/sr0" in text  # found by its label
         line = re.search(rf"^{guest_image.META_DATA_PREFIX} (.*)$", text, re.MULTILINE)
         assert line is not None and json.loads(line.group(1)) == meta
+        _wait_for(lambda: guest_image.USER_DATA_PREFIX in _console(h1, iid), "the user data", 30)
+        said = re.search(rf"^{guest_image.USER_DATA_PREFIX} (\S*)$", _console(h1, iid), re.M)
+        assert said is not None
+        assert base64.b64decode(said.group(1)) == guest.config_drive["openstack/latest/user_data"]
 
         # Hot-plug: the running guest sees the disk appear, the definition keeps it.
         h1.attach_volume(iid, "/dev/vdc", _local(hot, "v-hot"))

@@ -23,6 +23,7 @@ labelled `config-2` appears:
     stowage-nics: fa:16:3e:00:00:01
     stowage-config-drive: /dev/sr0
     stowage-meta-data: {"uuid": ...}
+    stowage-user-data: <the user_data file, base64, when the drive has one>
 
 Usage: scripts/make-guest-image.sh OUTPUT [--format raw|qcow2] [--kernel PATH] [--busybox PATH]
 (or python -m stowage.virt.guest_image with the same arguments).
@@ -49,6 +50,7 @@ __all__ = [
     "META_DATA_PREFIX",
     "NICS_PREFIX",
     "UPTIME_PREFIX",
+    "USER_DATA_PREFIX",
     "build",
     "default_kernel",
     "disk_modules",
@@ -61,6 +63,7 @@ DISKS_PREFIX = "stowage-disks:"
 NICS_PREFIX = "stowage-nics:"
 CONFIG_DRIVE_PREFIX = "stowage-config-drive:"
 META_DATA_PREFIX = "stowage-meta-data:"
+USER_DATA_PREFIX = "stowage-user-data:"
 DISK_MIB = 48
 
 # In load order (each after what it needs, as modules.dep says): virtio disks, the IDE cdrom
@@ -116,6 +119,8 @@ look() {{
   cd_seen=$cd
   echo "{CONFIG_DRIVE_PREFIX} $cd" > /dev/ttyS0
   echo "{META_DATA_PREFIX} $(cat /mnt/cd/openstack/latest/meta_data.json)" > /dev/ttyS0
+  ud=/mnt/cd/openstack/latest/user_data
+  [ -f $ud ] && echo "{USER_DATA_PREFIX} $(head -c 4096 $ud | base64 -w 0)" > /dev/ttyS0
   umount /mnt/cd
 }}
 look
