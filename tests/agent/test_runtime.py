@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -171,6 +172,27 @@ def test_a_redelivered_op_id_runs_once(driver: SimDriver) -> None:
 
     asyncio.run(scenario())
     assert driver.calls.count(("spawn", "vm-a")) == 2
+
+
+def test_destroying_what_is_not_there_is_no_warning(
+    driver: SimDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A live migration's source clean-up destroys a guest the hypervisor already let go:
+    before, every migration left a warning that the destroy "failed"; it is the asked state."""
+    _spawn_all(driver, ["vm-0"])
+
+    async def scenario() -> None:
+        async with Agent(driver, lambda: None, _config()) as agent:
+            gone = await agent.destroy("op-1", "vm-gone")
+            assert (gone.ok, gone.error_code) == (False, "virt.instance.not_found")
+            failed = await agent.reboot("op-2", "vm-gone")  # any other op: still a warning
+            assert not failed.ok
+
+    with caplog.at_level(logging.INFO, logger="stowage.agent.runtime"):
+        asyncio.run(scenario())
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "reboot" in warned[0], warned
+    assert any("not on this host" in r.getMessage() for r in caplog.records)
 
 
 def test_injected_failure_is_an_error_result(driver: SimDriver) -> None:

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from stowage.virt.driver import Driver, DriverError, Guest, RunningInstance
+from stowage.virt.driver import Driver, DriverError, Guest, InstanceNotFound, RunningInstance
 
 __all__ = ["Agent", "AgentConfig", "LagWatchdog", "OpResult", "percentile"]
 
@@ -305,7 +305,11 @@ class Agent:
         try:
             await self._in_pool(self._driver_pool, call)
         except DriverError as exc:
-            log.warning("op %s %s %s failed: %s", op_id, operation, instance_id, exc)
+            if operation == "destroy" and isinstance(exc, InstanceNotFound):
+                # Nothing to destroy (a live migration's source, say): what was asked holds.
+                log.info("op %s destroy %s: not on this host", op_id, instance_id)
+            else:
+                log.warning("op %s %s %s failed: %s", op_id, operation, instance_id, exc)
             return OpResult(
                 op_id,
                 operation,
