@@ -246,6 +246,24 @@ MaxPerRequest = Annotated[
 ]
 
 
+def _offload_time(value: float) -> float:
+    if value < 0 and value != -1:
+        raise typer.BadParameter("seconds >= 0, or -1 (never offload by itself)")
+    return value
+
+
+ShelvedOffloadTime = Annotated[
+    float,
+    typer.Option(
+        "--shelved-offload-time",
+        callback=_offload_time,
+        help="Nova's shelved_offload_time: 0 offloads a shelved server at once (its claims "
+        "go); otherwise it stays SHELVED, holding them, this many seconds (-1: until "
+        "shelveOffload). The API and the conductors must be given the same value.",
+    ),
+]
+
+
 @app.command()
 def up(
     state_dir: StateDir = Path(".stowage"),
@@ -337,6 +355,7 @@ def up(
         ),
     ] = 0.0,
     console_token_ttl: ConsoleTokenTtl = 600.0,
+    shelved_offload_time: ShelvedOffloadTime = 0.0,
 ) -> None:
     """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
     import os
@@ -382,6 +401,7 @@ def up(
         volume_dir=volume_dir.resolve() if volume_dir is not None else None,
         volume_pool_gb=volume_gb,
         reclaim_instance_interval_s=reclaim_instance_interval,
+        shelved_offload_time_s=shelved_offload_time,
         console_token_ttl_s=console_token_ttl,
         host_ip=host_ip,
         resume_guests_state_on_host_boot=resume_guests_state_on_host_boot,
@@ -525,6 +545,7 @@ def api_process(
     max_request_body_size: MaxBody = 114688,
     bootstrap_password: BootstrapPassword = "stowage-admin",
     console_token_ttl: ConsoleTokenTtl = 600.0,
+    shelved_offload_time: ShelvedOffloadTime = 0.0,
     log_format: LogFormat = "kv",
     log_level: LogLevel = "info",
 ) -> None:
@@ -556,6 +577,7 @@ def api_process(
     os.environ["STOWAGE_API_MAX_PER_REQUEST"] = str(max_instances_per_request)
     os.environ["STOWAGE_API_QUOTA_DRIVER"] = quota_driver
     os.environ["STOWAGE_API_CONSOLE_TOKEN_TTL"] = str(console_token_ttl)
+    os.environ["STOWAGE_API_SHELVED_OFFLOAD_TIME"] = str(shelved_offload_time)
     console.print(f"Stowage APIs at http://{host}:{port} ({workers} worker(s)).")
     uvicorn.run(
         "stowage.wiring:production_app",
@@ -585,6 +607,7 @@ def conductor_process(
             "of the same name waits until the first ends.",
         ),
     ] = "",
+    shelved_offload_time: ShelvedOffloadTime = 0.0,
     log_format: LogFormat = "kv",
     log_level: LogLevel = "info",
     metrics_port: MetricsPort = 0,
@@ -601,7 +624,12 @@ def conductor_process(
 
     _configure_logs(log_format, log_level, "conductor")
     cloud = _production_cloud(
-        state_dir, db, op_timeout_s=op_timeout, lease_s=lease_seconds, conductor_name=name
+        state_dir,
+        db,
+        op_timeout_s=op_timeout,
+        lease_s=lease_seconds,
+        conductor_name=name,
+        shelved_offload_time_s=shelved_offload_time,
     )
     watch_heartbeats(functools.partial(heartbeat_ages, cloud))
     if metrics_port:

@@ -85,6 +85,9 @@ class CloudConfig:
     volume_dir: Path | None = None
     # Nova's reclaim_instance_interval: a delete soft-deletes for this long (0: immediate).
     reclaim_instance_interval_s: float = 0.0
+    # Nova's shelved_offload_time: 0 offloads a shelved server at once; otherwise it stays
+    # SHELVED, holding its claims, for this many seconds (-1: until shelveOffload).
+    shelved_offload_time_s: float = 0.0
     volume_pool_gb: int = 1000
     # Where compute quotas take their limits: "legacy" (os-quota-sets, Nova's DbQuotaDriver)
     # or "unified-limits" (Keystone's registered and project limits, Nova's

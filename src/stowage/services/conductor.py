@@ -22,7 +22,10 @@ Steps per kind (the host each talks to in brackets):
     power          power [host]
     rebuild        destroy [host] -> spawn [host]
     snapshot       snapshot [host]
-    shelve         destroy [host] -> claims released, SHELVED_OFFLOADED (volume-backed)
+    shelve         destroy [host] -> claims released, SHELVED_OFFLOADED (volume-backed;
+                   also shelveOffload of a SHELVED server), or with a shelved_offload_time
+                   snapshot [host] -> SHELVED (image-backed), power [host] -> SHELVED
+    unshelve       power [host] -> ACTIVE, the shelve image gone (a SHELVED server)
     volume-attach  attach_volume [host] -> attachment completed, or undone
     volume-detach  detach_volume [host] -> attachment ended, or the volume in-use again
     rescue         rescue [host] -> RESCUE (or as it was)
@@ -109,6 +112,7 @@ class ConductorConfig:
     concurrency_max: int = 64
     resize_confirm_window_s: float = 0.0  # 0: never confirm a resize automatically
     reclaim_instance_interval_s: float = 0.0  # 0: deletes are immediate (no soft delete)
+    shelved_offload_time_s: float = 0.0  # > 0: SHELVED servers offloaded after this long
     live_migration_transfer_s: float = 0.0  # the simulated memory copy of a live migration
 
 
@@ -120,6 +124,7 @@ def conductor_config(cloud: Cloud) -> ConductorConfig:
         lease_s=config.lease_s,
         resize_confirm_window_s=config.resize_confirm_window_s,
         reclaim_instance_interval_s=config.reclaim_instance_interval_s,
+        shelved_offload_time_s=config.shelved_offload_time_s,
         live_migration_transfer_s=config.live_migration_s,
     )
 
@@ -210,7 +215,7 @@ class Conductor:
                 log.info("conductor %s resumes %d operation(s)", self.owner, taken)
         renewed_at = _monotonic()
         confirmed_at = _monotonic()
-        reclaimed_at = confirmed_at
+        reclaimed_at = offloaded_at = confirmed_at
         try:
             while True:
                 await self._lease_and_start()
@@ -226,6 +231,9 @@ class Conductor:
                 if self.config.reclaim_instance_interval_s > 0 and now - reclaimed_at > 1.0:
                     reclaimed_at = now
                     await asyncio.to_thread(self._reclaim)
+                if self.config.shelved_offload_time_s > 0 and now - offloaded_at > 1.0:
+                    offloaded_at = now
+                    await asyncio.to_thread(self._offload_shelved)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.config.poll_s):
                         await self._wake.wait()
@@ -682,15 +690,31 @@ class Conductor:
                 from stowage.services.soft_delete import soft_deleted
 
                 body = soft_deleted(body, cloud.clock())
+            elif op.kind == "shelve":  # a volume-backed server SHELVED where it is
+                from stowage.services.shelve import kept
+
+                body = kept(body, cloud.clock())
+            elif op.kind == "unshelve":  # a SHELVED server runs again: its image goes
+                body.pop("shelved_image_id", None)
+                body.pop("shelved_at", None)
             if (body.get("fault") or {}).get("error_code") == "reconcile.missing_instance":
                 body["fault"] = None  # the vanished guest runs again
             state = "done"
         else:
             body.update(task_state=None)  # the instance is as it was
             state = "failed"
+        shelved = None
         with cloud.ledger.engine.begin() as conn:
             write_instance(cloud, op.instance_id, before, body, conn=conn)
             self.ops.advance(conn, op.id, state=state, result=reply)
+            if op.kind == "unshelve" and reply.get("ok"):
+                from stowage.services.shelve import drop_shelved_image_in
+
+                shelved = drop_shelved_image_in(cloud, conn, before)
+        if shelved is not None:
+            from stowage.services.shelve import drop_image_data
+
+            drop_image_data(cloud, shelved)
         _event(cloud, op, body, "Success" if reply.get("ok") else "Error", reply.get("error"))
 
     # -- guest actions (services/guest_actions.py) --------------------------------------
@@ -817,13 +841,24 @@ class Conductor:
         cloud = self.cloud
         doc = cloud.objects.find("instance", op.instance_id)
         shelving = op.kind == "shelve" and bool(reply.get("ok"))
+        keep = shelving and bool(op.payload.get("keep"))
         with cloud.ledger.engine.begin() as conn:
             if doc is not None:
                 body = dict(doc.body)
                 before = doc.body
-                # A shelve goes on to offload the guest once its disk is in the image.
+                # A shelve goes on to offload the guest once its disk is in the image, or
+                # (a shelved_offload_time) leaves it SHELVED, stopped where it is.
                 body["task_state"] = "shelving_offloading" if shelving else None
+                if keep:
+                    from stowage.services.shelve import kept
+
+                    body = kept(body, cloud.clock(), op.payload.get("image_id"))
                 write_instance(cloud, op.instance_id, before, body, conn=conn)
+            if keep:
+                self.ops.advance(conn, op.id, state="done", result=reply)
+                if doc is not None:
+                    _event(cloud, op, body, "Success", None, conn=conn)
+                return
             if shelving:
                 self.ops.advance(conn, op.id, step="destroy")
                 return
@@ -1139,6 +1174,15 @@ class Conductor:
         _event(cloud, op, body, "Success" if op.kind == "revert" else "Error", reason or None)
 
     # -- periodic ------------------------------------------------------------------------
+
+    def _offload_shelved(self) -> None:
+        """SHELVED servers past shelved_offload_time are offloaded (their claims go)."""
+        from stowage.services.shelve import offload_due
+
+        try:
+            offload_due(self.cloud, self.config.shelved_offload_time_s)
+        except Exception:
+            log.exception("offloading shelved servers failed")
 
     def _reclaim(self) -> None:
         """Soft-deleted servers past reclaim_instance_interval are deleted for good."""

@@ -1,13 +1,21 @@
 """Shelve and unshelve, each move of the claim through the ledger.
 
-Shelving offloads at once (Nova's `shelved_offload_time = 0`): an image-backed server's disk
-is first snapshotted into an image (`<name>-shelved`, as Nova names it), then the guest is
-destroyed on its host and, in the commit that records SHELVED_OFFLOADED, every claim of the
-server goes (CPUs, pins, NUMA cells, memory, its server-group slot): a shelved-offloaded server
-holds nothing. A volume-backed server's volumes stay attached to it and need no snapshot.
-Unshelving schedules it again, as a build of the existing server (to a host or zone an admin
-names, 2.91), claiming all of it anew, from the shelved image when there is one; that image is
-deleted once the server runs again, or with the server (Nova's).
+A shelve stops the guest and snapshots an image-backed server's disk into an image
+(`<name>-shelved`, as Nova names it). Then, by Nova's `shelved_offload_time`
+(`CloudConfig.shelved_offload_time_s`):
+
+- 0 (the default): the guest is destroyed on its host at once and, in the commit that records
+  SHELVED_OFFLOADED, every claim of the server goes (CPUs, pins, NUMA cells, memory, its
+  server-group slot): a shelved-offloaded server holds nothing;
+- otherwise the server is SHELVED: its stopped guest stays defined on its host and it keeps
+  every claim, until `shelveOffload`, or (when positive) the conductor once that many seconds
+  have passed, offloads it as above; -1 never offloads by itself.
+
+A volume-backed server's volumes stay attached to it and need no snapshot. Unshelving a
+SHELVED server starts its guest where it is; a SHELVED_OFFLOADED one is scheduled again, as a
+build of the existing server (to a host or zone an admin names, 2.91), claiming all of it
+anew, from the shelved image when there is one. That image is deleted once the server runs
+again, or with the server (Nova's).
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ from stowage.services.instances import write_instance
 __all__ = [
     "drop_image_data",
     "drop_shelved_image_in",
+    "kept",
+    "offload_due",
+    "offload_shelved",
     "offloaded",
     "shelve_server",
     "unshelve_server",
@@ -52,27 +63,105 @@ def shelve_server(cloud: Cloud, caller: Caller, instance_id: str, request_id: st
     if not host or not host_is_up(cloud, str(host)):
         raise ConflictError(f"Cannot 'shelve' instance {instance_id}: its compute host is down")
     image_backed = not body.get("boot_from_volume")
+    keep = cloud.config.shelved_offload_time_s != 0
     after = {
         **body,
-        "task_state": "shelving_image_uploading" if image_backed else "shelving_offloading",
+        "task_state": (
+            "shelving_image_uploading"
+            if image_backed
+            else ("shelving" if keep else "shelving_offloading")
+        ),
     }
     with cloud.ledger.engine.begin() as conn:
-        payload: dict[str, Any] = {"request_id": request_id}
+        payload: dict[str, Any] = {"request_id": request_id, "keep": keep}
         if image_backed:
             name = f"{body.get('name') or instance_id}-shelved"
             image = queued_snapshot(cloud, caller, conn, body, name, {})
             # Stopped first, as Nova does: the image is of a disk nothing writes to.
-            payload = {**snapshot_payload(image, caller, request_id), "power_off": True}
+            payload = {
+                **snapshot_payload(image, caller, request_id),
+                "power_off": True,
+                "keep": keep,
+            }
+            step = "snapshot"
+        elif keep:
+            payload["action"] = "os-stop"
+            step = "power"
+        else:
+            step = "destroy"
+        write_instance(cloud, instance_id, body, after, conn=conn)
+        cloud.operations.enqueue(
+            "shelve", instance_id, str(host), step=step, payload=payload, conn=conn
+        )
+    cloud.kick()
+
+
+def kept(body: dict[str, Any], now: float, image_id: str | None = None) -> dict[str, Any]:
+    """The document of a SHELVED server: its guest stopped on its host, its claims its own;
+    with the image its disk was shelved into, if it was image-backed."""
+    after = {
+        **body,
+        "status": "SHELVED",
+        "vm_state": "shelved",
+        "task_state": None,
+        "power_state": 4,
+        "shelved_at": now,
+    }
+    if image_id:
+        after["shelved_image_id"] = image_id
+    return after
+
+
+def offload_shelved(cloud: Cloud, instance_id: str, request_id: str) -> None:
+    """`shelveOffload`: a SHELVED server's guest is destroyed on its host and its claims go
+    (the conductor's answer commits SHELVED_OFFLOADED with the release)."""
+    from stowage.services.migrations import host_is_up
+
+    doc = cloud.objects.find("instance", instance_id)
+    if doc is None:
+        raise NotFound(f"Instance {instance_id} could not be found.")
+    body = doc.body
+    if body.get("vm_state") != "shelved" or body.get("task_state"):
+        raise ConflictError(
+            f"Cannot 'shelveOffload' instance {instance_id} while it is in vm_state "
+            f"{body.get('vm_state')}"
+        )
+    host = body.get("host")
+    if not host or not host_is_up(cloud, str(host)):
+        raise ConflictError(
+            f"Cannot 'shelveOffload' instance {instance_id}: its compute host is down"
+        )
+    after = {**body, "task_state": "shelving_offloading"}
+    with cloud.ledger.engine.begin() as conn:
         write_instance(cloud, instance_id, body, after, conn=conn)
         cloud.operations.enqueue(
             "shelve",
             instance_id,
             str(host),
-            step="snapshot" if image_backed else "destroy",
-            payload=payload,
+            step="destroy",
+            payload={"request_id": request_id},
             conn=conn,
         )
     cloud.kick()
+
+
+def offload_due(cloud: Cloud, offload_time_s: float) -> int:
+    """The conductor's periodic part: SHELVED servers shelved longer than `offload_time_s`
+    are offloaded; how many were."""
+    now = cloud.clock()
+    count = 0
+    for doc in cloud.objects.list("instance"):
+        body = doc.body
+        if body.get("vm_state") != "shelved" or body.get("task_state"):
+            continue
+        if now - float(body.get("shelved_at") or now) < offload_time_s:
+            continue
+        try:
+            offload_shelved(cloud, doc.id, f"req-offload-{doc.id}")
+        except (ConflictError, NotFound):
+            continue  # taken by a request meanwhile, or its host is down: next time
+        count += 1
+    return count
 
 
 def drop_shelved_image_in(cloud: Cloud, conn: Connection, body: Mapping[str, Any]) -> str | None:
@@ -123,6 +212,9 @@ def unshelve_server(
     if doc is None:
         raise NotFound(f"Instance {instance_id} could not be found.")
     body = doc.body
+    if body.get("vm_state") == "shelved" and not body.get("task_state"):
+        _start_shelved(cloud, instance_id, body, request_id, host=host, zone=zone)
+        return
     if body.get("vm_state") != "shelved_offloaded" or body.get("task_state"):
         raise ConflictError(
             f"Cannot 'unshelve' instance {instance_id} while it is in vm_state "
@@ -148,6 +240,41 @@ def unshelve_server(
                 "image_properties": {},
                 "is_admin": is_admin,
             },
+            conn=conn,
+        )
+    cloud.kick()
+
+
+def _start_shelved(
+    cloud: Cloud,
+    instance_id: str,
+    body: dict[str, Any],
+    request_id: str,
+    *,
+    host: str | None,
+    zone: str | None,
+) -> None:
+    """A SHELVED server holds its host's claims: its guest starts there (Nova's), so a
+    host or zone to unshelve to is for an offloaded server only (Nova's 409)."""
+    from stowage.services.migrations import host_is_up
+
+    if host is not None or zone is not None:
+        raise ConflictError(
+            f"Instance {instance_id} is not in SHELVED_OFFLOADED state: it can be "
+            "unshelved only where it is, with no host or availability zone"
+        )
+    where = str(body.get("host") or "")
+    if not where or not host_is_up(cloud, where):
+        raise ConflictError(f"Cannot 'unshelve' instance {instance_id}: its compute host is down")
+    after = {**body, "task_state": "spawning"}
+    with cloud.ledger.engine.begin() as conn:
+        write_instance(cloud, instance_id, body, after, conn=conn)
+        cloud.operations.enqueue(
+            "unshelve",
+            instance_id,
+            where,
+            step="power",
+            payload={"request_id": request_id, "action": "os-start"},
             conn=conn,
         )
     cloud.kick()

@@ -15,7 +15,7 @@ from stowage.api.compute.microversion import mv
 from stowage.domain.errors import ConflictError, NotFound
 from stowage.ledger.objects import Document
 from stowage.services.compute import record_action
-from stowage.services.shelve import shelve_server, unshelve_server
+from stowage.services.shelve import offload_shelved, shelve_server, unshelve_server
 from stowage.services.soft_delete import force_delete
 
 __all__ = ["SHELVE_ACTIONS", "shelve_action"]
@@ -34,11 +34,7 @@ async def shelve_action(
         elif action == "forceDelete":
             await asyncio.to_thread(force_delete, cloud, doc.id)
         elif action == "shelveOffload":
-            # Shelving offloads at once here: there is never a SHELVED server to offload.
-            raise ConflictError(
-                f"Cannot 'shelveOffload' instance {doc.id} while it is in vm_state "
-                f"{doc.body.get('vm_state')}"
-            )
+            await asyncio.to_thread(offload_shelved, cloud, doc.id, rid)
         else:
             host, zone = _unshelve_args(request, ctx, args)
             await asyncio.to_thread(
