@@ -91,6 +91,8 @@ def production_app() -> ASGIApp:
         lockout_duration_s=float(os.environ.get("STOWAGE_API_LOCKOUT_DURATION", "1800")),
         max_request_body_size=int(os.environ.get("STOWAGE_API_MAX_BODY", DEFAULT_MAX_BODY)),
         console_token_ttl_s=float(os.environ.get("STOWAGE_API_CONSOLE_TOKEN_TTL", "600")),
+        volume_dir=Path(os.environ["STOWAGE_API_VOLUME_DIR"]),
+        volume_pool_gb=int(os.environ.get("STOWAGE_API_VOLUME_GB", "1000")),
     )
     cloud = open_cloud(config, db_url=os.environ["STOWAGE_API_DB"])
     bus_url = os.environ.get("STOWAGE_API_BUS")
