@@ -207,6 +207,24 @@ def _server_class() -> type:
     return Server
 
 
+VolumeDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--volume-dir",
+        help="Block storage's files (default: <state-dir>/volumes). With several processes "
+        "or hosts, a path on shared storage that each of them mounts at this same path.",
+    ),
+]
+VolumeGb = Annotated[
+    int, typer.Option("--volume-gb", min=1, help="Block storage pool capacity (GiB), when new.")
+]
+
+
+def _volume_dir(state_dir: Path, given: Path | None) -> Path:
+    """`--volume-dir`, absolute; without it, the state directory's `volumes/` (as `up`)."""
+    return (given if given is not None else state_dir / "volumes").resolve()
+
+
 ConsoleTokenTtl = Annotated[
     float,
     typer.Option(
@@ -338,14 +356,8 @@ def up(
     ] = True,
     log_format: LogFormat = "kv",
     log_level: LogLevel = "info",
-    volume_dir: Annotated[
-        Path | None,
-        typer.Option("--volume-dir", help="Block storage's files (default: <state-dir>/volumes)."),
-    ] = None,
-    volume_gb: Annotated[
-        int,
-        typer.Option("--volume-gb", min=1, help="Block storage pool capacity (GiB), when new."),
-    ] = 1000,
+    volume_dir: VolumeDir = None,
+    volume_gb: VolumeGb = 1000,
     reclaim_instance_interval: Annotated[
         float,
         typer.Option(
@@ -398,7 +410,7 @@ def up(
         admin_password=bootstrap_password,
         lease_s=lease_seconds,
         running_deleted_instance_action=running_deleted_instance_action,
-        volume_dir=volume_dir.resolve() if volume_dir is not None else None,
+        volume_dir=_volume_dir(state_dir, volume_dir),
         volume_pool_gb=volume_gb,
         reclaim_instance_interval_s=reclaim_instance_interval,
         shelved_offload_time_s=shelved_offload_time,
@@ -546,10 +558,13 @@ def api_process(
     bootstrap_password: BootstrapPassword = "stowage-admin",
     console_token_ttl: ConsoleTokenTtl = 600.0,
     shelved_offload_time: ShelvedOffloadTime = 0.0,
+    volume_dir: VolumeDir = None,
+    volume_gb: VolumeGb = 1000,
     log_format: LogFormat = "kv",
     log_level: LogLevel = "info",
 ) -> None:
-    """Production: the APIs only (conductor and agents run as their own processes)."""
+    """Production: the APIs only (conductor and agents run as their own processes). The API
+    creates, extends and deletes the volumes' files in `--volume-dir`."""
     import os
 
     import uvicorn
@@ -561,8 +576,15 @@ def api_process(
     from stowage.services.runtime import write_clouds_yaml
 
     os.umask(0o077)
+    volumes = _volume_dir(state_dir, volume_dir)
     cloud = _production_cloud(
-        state_dir, db, host=host, port=port, admin_password=bootstrap_password
+        state_dir,
+        db,
+        host=host,
+        port=port,
+        admin_password=bootstrap_password,
+        volume_dir=volumes,
+        volume_pool_gb=volume_gb,
     )
     os.environ["STOWAGE_API_LOCKOUT_ATTEMPTS"] = str(lockout_failure_attempts)
     os.environ["STOWAGE_API_LOCKOUT_DURATION"] = str(lockout_duration)
@@ -578,6 +600,8 @@ def api_process(
     os.environ["STOWAGE_API_QUOTA_DRIVER"] = quota_driver
     os.environ["STOWAGE_API_CONSOLE_TOKEN_TTL"] = str(console_token_ttl)
     os.environ["STOWAGE_API_SHELVED_OFFLOAD_TIME"] = str(shelved_offload_time)
+    os.environ["STOWAGE_API_VOLUME_DIR"] = str(volumes)
+    os.environ["STOWAGE_API_VOLUME_GB"] = str(volume_gb)
     console.print(f"Stowage APIs at http://{host}:{port} ({workers} worker(s)).")
     uvicorn.run(
         "stowage.wiring:production_app",
@@ -608,12 +632,15 @@ def conductor_process(
         ),
     ] = "",
     shelved_offload_time: ShelvedOffloadTime = 0.0,
+    volume_dir: VolumeDir = None,
     log_format: LogFormat = "kv",
     log_level: LogLevel = "info",
     metrics_port: MetricsPort = 0,
     metrics_host: MetricsHost = "127.0.0.1",
 ) -> None:
-    """Production: drive operations through the agents (run several for more throughput)."""
+    """Production: drive operations through the agents (run several for more throughput).
+    A build makes its new volumes' files in `--volume-dir` and hands their paths there to the
+    agent."""
     import asyncio
     import functools
 
@@ -630,6 +657,7 @@ def conductor_process(
         lease_s=lease_seconds,
         conductor_name=name,
         shelved_offload_time_s=shelved_offload_time,
+        volume_dir=_volume_dir(state_dir, volume_dir),
     )
     watch_heartbeats(functools.partial(heartbeat_ages, cloud))
     if metrics_port:
@@ -706,12 +734,15 @@ def agent_process(
         int,
         typer.Option("--console-port", help="The serial console proxy's port (0: any free one)."),
     ] = 0,
+    volume_dir: VolumeDir = None,
     log_format: LogFormat = "kv",
     log_level: LogLevel = "info",
     metrics_port: MetricsPort = 0,
     metrics_host: MetricsHost = "127.0.0.1",
 ) -> None:
     """Production: one host's compute agent (registers the host, heartbeats, runs its work).
+    Its guests' volumes are files in `--volume-dir` (a simulated host restarted gives its
+    guests back their volumes from there).
 
     It talks to the image API as `--auth-user` (a token from the identity API, as Nova's
     service user): nothing is shared with the API's host but the ledger and the bus."""
@@ -741,6 +772,7 @@ def agent_process(
         heartbeat_interval_s=heartbeat_interval,
         max_concurrent_disk_ops=max_concurrent_disk_ops,
         running_deleted_instance_action=running_deleted_instance_action,
+        volume_dir=_volume_dir(state_dir, volume_dir),
     )
     spec = default_hosts(1)[0]
     if topology is not None:

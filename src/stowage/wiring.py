@@ -92,6 +92,8 @@ def production_app() -> ASGIApp:
         max_request_body_size=int(os.environ.get("STOWAGE_API_MAX_BODY", DEFAULT_MAX_BODY)),
         console_token_ttl_s=float(os.environ.get("STOWAGE_API_CONSOLE_TOKEN_TTL", "600")),
         shelved_offload_time_s=float(os.environ.get("STOWAGE_API_SHELVED_OFFLOAD_TIME", "0")),
+        volume_dir=Path(os.environ["STOWAGE_API_VOLUME_DIR"]),
+        volume_pool_gb=int(os.environ.get("STOWAGE_API_VOLUME_GB", "1000")),
     )
     cloud = open_cloud(config, db_url=os.environ["STOWAGE_API_DB"])
     bus_url = os.environ.get("STOWAGE_API_BUS")

@@ -1,4 +1,5 @@
-"""The admin, member and reader personas against Keystone's and Neutron's default policies:
+"""The admin, member and reader personas against Keystone's, Neutron's, Cinder's and Nova's
+default policies (Nova's volume proxy at 2.35 with Cinder's rules):
 one request per rule, the status each persona gets (project-scoped tokens)."""
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ Row = tuple[str, str, str, Any, dict[str, int]]
 _ALL_OK = {"admin": 200, "member": 200, "reader": 200}
 _ADMIN_ONLY_READ = {"admin": 200, "member": 403, "reader": 403}
 _ADMIN_ONLY_CREATE = {"admin": 201, "member": 403, "reader": 403}
+_MEMBER_ACCEPTED = {"admin": 202, "member": 202, "reader": 403}
+_ALL_404 = {"admin": 404, "member": 404, "reader": 404}
+# A change to what does not exist: the reader is refused before the lookup, as by the policy.
+_NO_SUCH_OR_403 = {"admin": 404, "member": 404, "reader": 403}
+_NO_SUCH = "00000000-0000-0000-0000-00000000beef"
 ROWS: tuple[Row, ...] = (
     # identity
     ("identity:get_user (own)", "GET", "/identity/v3/users/{U}", None, _ALL_OK),
@@ -89,6 +95,47 @@ ROWS: tuple[Row, ...] = (
     ),
     # compute, through its network proxy
     ("os-floating-ips list (2.35)", "GET", "/compute/v2.1/os-floating-ips", None, _ALL_OK),
+    # block storage, and compute's volume proxy (2.35): the same rule for both
+    ("volume:get_all", "GET", "/volume/v3/{P}/volumes", None, _ALL_OK),
+    ("volume:create", "POST", "/volume/v3/{P}/volumes", {"volume": {"size": 1}}, _MEMBER_ACCEPTED),
+    (
+        "volume:delete (no such)",
+        "DELETE",
+        f"/volume/v3/{{P}}/volumes/{_NO_SUCH}",
+        None,
+        _NO_SUCH_OR_403,
+    ),
+    ("os-volumes list (2.35)", "GET", "/compute/v2.1/os-volumes", None, _ALL_OK),
+    ("os-volumes show (no such)", "GET", f"/compute/v2.1/os-volumes/{_NO_SUCH}", None, _ALL_404),
+    (
+        "os-volumes create (2.35)",
+        "POST",
+        "/compute/v2.1/os-volumes",
+        {"volume": {"size": 1}},
+        {"admin": 200, "member": 200, "reader": 403},
+    ),
+    (
+        "os-volumes delete (no such)",
+        "DELETE",
+        f"/compute/v2.1/os-volumes/{_NO_SUCH}",
+        None,
+        _NO_SUCH_OR_403,
+    ),
+    ("os-snapshots list (2.35)", "GET", "/compute/v2.1/os-snapshots/detail", None, _ALL_OK),
+    (
+        "os-snapshots create (no such volume)",
+        "POST",
+        "/compute/v2.1/os-snapshots",
+        {"snapshot": {"volume_id": _NO_SUCH}},
+        _NO_SUCH_OR_403,
+    ),
+    (
+        "os-snapshots delete (no such)",
+        "DELETE",
+        f"/compute/v2.1/os-snapshots/{_NO_SUCH}",
+        None,
+        _NO_SUCH_OR_403,
+    ),
 )
 
 

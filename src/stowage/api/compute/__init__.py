@@ -33,6 +33,7 @@ from stowage.api.compute import (
     servers,
     sim,
     volume_attachments,
+    volume_proxy,
 )
 from stowage.api.compute.microversion import MAX_VERSION, MIN_VERSION, install_microversions
 from stowage.api.responses import JSONResponse
@@ -65,6 +66,7 @@ _ROUTERS = (
     interfaces,
     consoles,
     volume_attachments,
+    volume_proxy,
 )
 
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, FastAPI, Request
 from stowage.api.auth import cloud_of
 from stowage.api.common import compute_error, install_common
 from stowage.api.responses import JSONResponse
-from stowage.api.volume import metadata, resources, volumes
+from stowage.api.volume import metadata, refusals, resources, volumes
 from stowage.api.volume.microversion import MAX_VERSION, MIN_VERSION, install_microversions
 from stowage.services.cloud import Cloud
 from stowage.services.volumes import register_pool
@@ -64,6 +64,7 @@ def create_volume_app(cloud: Cloud) -> FastAPI:
     install_microversions(app)
     install_common(app, compute_error)
     app.include_router(discovery)
-    for module in (volumes, metadata, resources):
+    # The refusals last: their catch-all must never shadow an implemented route.
+    for module in (volumes, metadata, resources, refusals):
         app.include_router(module.router, prefix="/v3/{project_id}")
     return app

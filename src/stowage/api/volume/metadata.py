@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from stowage.api.auth import cloud_of
 from stowage.api.common import ApiError, Context, json_body
 from stowage.api.responses import JSONResponse
+from stowage.api.volume.refusals import NOT_HERE, not_here_message
 from stowage.api.volume.views import context, mapped, writer
 from stowage.domain.errors import StowageError
 from stowage.ledger.objects import Document
@@ -52,6 +53,8 @@ def check_metadata(value: Any) -> dict[str, str]:
 
 def _kind(kind: str) -> _Kind:
     found = _KINDS.get(kind)
+    if found is None and kind in NOT_HERE:
+        raise ApiError(501, not_here_message(NOT_HERE[kind]))
     if found is None:
         raise ApiError(404, "The resource could not be found.")
     return found
@@ -76,6 +79,7 @@ def _store(
 
 
 def _writer(request: Request, project_id: str, kind: str, verb: str) -> Context:
+    context(request, project_id)  # the caller first: a 401 before any other answer
     stem = _kind(kind).rule
     return writer(request, project_id, f"volume:{verb}_{stem}_metadata")
 

@@ -21,7 +21,7 @@ from stowage.api.volume.views import (
     type_view,
     writer,
 )
-from stowage.api.volume.volumes import offset_of, settle, sort_of
+from stowage.api.volume.volumes import VOLUME_FILTERS, offset_of, settle, sort_of
 from stowage.domain.errors import StowageError
 from stowage.services.volumes import attach as attach_service
 from stowage.services.volumes import types as type_service
@@ -234,10 +234,13 @@ async def create_snapshot(request: Request, project_id: str) -> JSONResponse:
     return JSONResponse({"snapshot": snapshot_view(request, shown, changed=True)}, status_code=202)
 
 
+_SNAPSHOT_FILTERS = ("name", "status", "volume_id")
+
+
 def _list_snapshots(request: Request, project_id: str, *, detail: bool) -> JSONResponse:
     ctx = context(request, project_id)
     query = request.query_params
-    filters = {k: query[k] for k in ("name", "status", "volume_id") if k in query}
+    filters = {k: query[k] for k in _SNAPSHOT_FILTERS if k in query}
     try:
         docs = service.list_docs(
             cloud_of(request),
@@ -403,6 +406,9 @@ async def create_attachment(request: Request, project_id: str) -> JSONResponse:
     return JSONResponse({"attachment": attachment_view(one)})
 
 
+_ATTACHMENT_FILTERS = {"volume_id": "volume_id", "instance_id": "instance", "status": "status"}
+
+
 def _list_attachments(request: Request, project_id: str, *, detail: bool) -> JSONResponse:
     ctx = context(request, project_id)
     _attachments_version(request)
@@ -410,11 +416,7 @@ def _list_attachments(request: Request, project_id: str, *, detail: bool) -> JSO
     found = attach_service.list_attachments(
         cloud_of(request), ctx, query.get("all_tenants", "").lower() in ("1", "true")
     )
-    for key, field in (
-        ("volume_id", "volume_id"),
-        ("instance_id", "instance"),
-        ("status", "status"),
-    ):
+    for key, field in _ATTACHMENT_FILTERS.items():
         if key in query:
             found = [a for a in found if str(a.get(field)) == query[key]]
     return JSONResponse({"attachments": [attachment_view(a, detail=detail) for a in found]})
@@ -706,29 +708,21 @@ async def extensions(request: Request, project_id: str) -> JSONResponse:
     )
 
 
-# Cinder's resources this cloud does not have: refused (501), not answered as unknown paths.
-_NOT_HERE = {
-    "backups": "Volume backups",
-    "groups": "Volume groups",
-    "group_types": "Volume group types",
-    "group_snapshots": "Volume group snapshots",
-    "os-volume-transfer": "Volume transfers",
-    "volume-transfers": "Volume transfers",
-    "qos-specs": "QoS specs",
-    "manageable_volumes": "Managing existing volumes",
-    "manageable_snapshots": "Managing existing snapshots",
-    "os-volume-manage": "Managing existing volumes",
-    "os-snapshot-manage": "Managing existing snapshots",
-    "messages": "User messages",
-    "consistencygroups": "Consistency groups",
-    "cgsnapshots": "Consistency group snapshots",
-}
-
-
-@router.api_route("/{resource}", methods=["GET", "POST"])
-@router.api_route("/{resource}/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
-async def not_here(request: Request, project_id: str, resource: str, rest: str = "") -> Response:
+@router.get("/resource_filters")
+async def resource_filters(request: Request, project_id: str) -> JSONResponse:
+    """The filters each list here takes (3.33+): the ones its handler reads, nothing else."""
     context(request, project_id)
-    if resource in _NOT_HERE:
-        raise ApiError(501, f"{_NOT_HERE[resource]} are not supported by this cloud.")
-    raise ApiError(404, "The resource could not be found.")
+    if vmv(request) < (3, 33):
+        raise ApiError(404, "The resource could not be found.")
+    known = {
+        "volume": sorted(VOLUME_FILTERS),
+        "snapshot": sorted(_SNAPSHOT_FILTERS),
+        "attachment": sorted(_ATTACHMENT_FILTERS),
+    }
+    wanted = request.query_params.get("resource")
+    rows = [
+        {"resource": name, "filters": filters}
+        for name, filters in known.items()
+        if wanted in (None, name)
+    ]
+    return JSONResponse({"resource_filters": rows})

@@ -21,7 +21,7 @@ from stowage.services.cloud import Cloud
 from stowage.services.volumes import attach as attach_service
 from stowage.services.volumes import volumes as service
 
-__all__ = ["offset_of", "router", "settle", "sort_of"]
+__all__ = ["VOLUME_FILTERS", "offset_of", "router", "settle", "sort_of"]
 
 router = APIRouter()
 
@@ -44,7 +44,7 @@ _CREATE_FIELDS = {
     "display_description",
     "scheduler_hints",
 }
-_FILTERS = {
+VOLUME_FILTERS = {
     "name",
     "status",
     "metadata",
@@ -163,7 +163,7 @@ def _filters(request: Request, ctx: Context) -> dict[str, Any]:
     for key, value in query.items():
         if key in skip:
             continue
-        if key not in _FILTERS:
+        if key not in VOLUME_FILTERS:
             raise ApiError(400, f"Invalid filters {key} are found in query options.")
         if key == "metadata":
             try:
