@@ -144,7 +144,9 @@ def test_a_snapshot_cut_off_by_an_agent_crash_ends_its_image(
         conductor = Conductor(cloud, routes, FAST)  # type: ignore[arg-type]
         task = asyncio.create_task(conductor.run())
         try:
-            await until(cloud, lambda: images(cloud).get(image_id) == "saving")
+            # (and its upload handed over: `saving` commits inside begin_upload's thread, so
+            # a stop before it returns would drop an open file no test could close)
+            await until(cloud, lambda: images(cloud).get(image_id) == "saving" and bool(uploads))
             # The agent process dies in the middle of the upload...
             await routes.hosts.pop(host).close()
             await servers[host].agent.stop(grace_s=0.0)

@@ -49,19 +49,8 @@ def shelve_server(cloud: Cloud, caller: Caller, instance_id: str, request_id: st
     host (one commit); the conductor's answers release its claims with the SHELVED_OFFLOADED
     document."""
     from stowage.services.compute import queued_snapshot, snapshot_payload
-    from stowage.services.migrations import host_is_up
 
-    doc = cloud.objects.find("instance", instance_id)
-    if doc is None:
-        raise NotFound(f"Instance {instance_id} could not be found.")
-    body = doc.body
-    if body.get("vm_state") not in _SHELVABLE or body.get("task_state"):
-        raise ConflictError(
-            f"Cannot 'shelve' instance {instance_id} while it is in vm_state {body.get('vm_state')}"
-        )
-    host = body.get("host")
-    if not host or not host_is_up(cloud, str(host)):
-        raise ConflictError(f"Cannot 'shelve' instance {instance_id}: its compute host is down")
+    body, host = _on_its_host(cloud, instance_id, "shelve", _SHELVABLE)
     image_backed = not body.get("boot_from_volume")
     keep = cloud.config.shelved_offload_time_s != 0
     after = {
@@ -90,54 +79,58 @@ def shelve_server(cloud: Cloud, caller: Caller, instance_id: str, request_id: st
         else:
             step = "destroy"
         write_instance(cloud, instance_id, body, after, conn=conn)
-        cloud.operations.enqueue(
-            "shelve", instance_id, str(host), step=step, payload=payload, conn=conn
-        )
+        cloud.operations.enqueue("shelve", instance_id, host, step=step, payload=payload, conn=conn)
     cloud.kick()
 
 
-def kept(body: dict[str, Any], now: float, image_id: str | None = None) -> dict[str, Any]:
-    """The document of a SHELVED server: its guest stopped on its host, its claims its own;
-    with the image its disk was shelved into, if it was image-backed."""
-    after = {
-        **body,
-        "status": "SHELVED",
-        "vm_state": "shelved",
-        "task_state": None,
-        "power_state": 4,
-        "shelved_at": now,
-    }
-    if image_id:
-        after["shelved_image_id"] = image_id
-    return after
-
-
-def offload_shelved(cloud: Cloud, instance_id: str, request_id: str) -> None:
-    """`shelveOffload`: a SHELVED server's guest is destroyed on its host and its claims go
-    (the conductor's answer commits SHELVED_OFFLOADED with the release)."""
+def _on_its_host(
+    cloud: Cloud, instance_id: str, action: str, states: frozenset[str]
+) -> tuple[dict[str, Any], str]:
+    """The server's document and host, for an `action` its host must do: refused (409) in
+    another vm_state, while a task runs, or with its host down."""
     from stowage.services.migrations import host_is_up
 
     doc = cloud.objects.find("instance", instance_id)
     if doc is None:
         raise NotFound(f"Instance {instance_id} could not be found.")
     body = doc.body
-    if body.get("vm_state") != "shelved" or body.get("task_state"):
+    if body.get("vm_state") not in states or body.get("task_state"):
         raise ConflictError(
-            f"Cannot 'shelveOffload' instance {instance_id} while it is in vm_state "
+            f"Cannot '{action}' instance {instance_id} while it is in vm_state "
             f"{body.get('vm_state')}"
         )
     host = body.get("host")
     if not host or not host_is_up(cloud, str(host)):
-        raise ConflictError(
-            f"Cannot 'shelveOffload' instance {instance_id}: its compute host is down"
-        )
+        raise ConflictError(f"Cannot '{action}' instance {instance_id}: its compute host is down")
+    return body, str(host)
+
+
+def _shelved_doc(body: dict[str, Any], image_id: str | None, **state: Any) -> dict[str, Any]:
+    after = {**body, "task_state": None, **state}
+    if image_id:
+        after["shelved_image_id"] = image_id
+    return after
+
+
+def kept(body: dict[str, Any], now: float, image_id: str | None = None) -> dict[str, Any]:
+    """The document of a SHELVED server: its guest stopped on its host, its claims its own;
+    with the image its disk was shelved into, if it was image-backed."""
+    return _shelved_doc(
+        body, image_id, status="SHELVED", vm_state="shelved", power_state=4, shelved_at=now
+    )
+
+
+def offload_shelved(cloud: Cloud, instance_id: str, request_id: str) -> None:
+    """`shelveOffload`: a SHELVED server's guest is destroyed on its host and its claims go
+    (the conductor's answer commits SHELVED_OFFLOADED with the release)."""
+    body, host = _on_its_host(cloud, instance_id, "shelveOffload", frozenset({"shelved"}))
     after = {**body, "task_state": "shelving_offloading"}
     with cloud.ledger.engine.begin() as conn:
         write_instance(cloud, instance_id, body, after, conn=conn)
         cloud.operations.enqueue(
             "shelve",
             instance_id,
-            str(host),
+            host,
             step="destroy",
             payload={"request_id": request_id},
             conn=conn,
@@ -184,17 +177,14 @@ def drop_image_data(cloud: Cloud, image_id: str | None) -> None:
 def offloaded(body: dict[str, Any], image_id: str | None = None) -> dict[str, Any]:
     """The document of a shelved-offloaded server: on no host, holding nothing; with the
     image its disk was shelved into, if it was image-backed."""
-    after = {
-        **body,
-        "status": "SHELVED_OFFLOADED",
-        "vm_state": "shelved_offloaded",
-        "task_state": None,
-        "power_state": 0,
-        "host": None,
-    }
-    if image_id:
-        after["shelved_image_id"] = image_id
-    return after
+    return _shelved_doc(
+        body,
+        image_id,
+        status="SHELVED_OFFLOADED",
+        vm_state="shelved_offloaded",
+        power_state=0,
+        host=None,
+    )
 
 
 def unshelve_server(
