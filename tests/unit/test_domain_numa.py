@@ -271,6 +271,17 @@ def test_apply_fit_removes_pins_and_withheld_and_memory() -> None:
     assert free.cell_memory_mb == {0: 4096, 1: 4096}
 
 
+def test_free_cpus_per_cell_follow_the_state_and_the_topology_asked_about() -> None:
+    free = all_free(SMT)
+    assert free.cell_cpus_free(SMT) == (4, 4)  # cores {0,8} {1,9} | {4,12} {5,13}
+    after = apply_fit(free, must_fit(fit_instance(pinned(3), SMT, free)))
+    assert after.cell_cpus_free(SMT) == (1, 4)  # a new state counts again
+    assert free.cell_cpus_free(SMT) == (4, 4)  # the old one keeps its own count
+    # The count is kept per topology: another topology's cells are counted anew.
+    assert free.cell_cpus_free(NO_SMT) == (2, 2)  # {0, 1} and {4, 5} of the SMT set
+    assert free == all_free(SMT)  # the kept count is not part of the state's value
+
+
 def test_filling_a_host_then_one_more_does_not_fit() -> None:
     free = all_free(SMT)
     for _ in range(4):

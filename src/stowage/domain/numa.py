@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stowage.domain.flavor import GuestCell, InstanceShape, ThreadPolicy
 from stowage.domain.topology import HostTopology
@@ -26,6 +26,20 @@ class HostFree:
 
     cpus: frozenset[int]  # dedicated pCPUs neither pinned nor withheld
     cell_memory_mb: Mapping[int, int]  # memory per cell not claimed by NUMA-bound instances
+    # (topology, free pCPUs per cell in the topology's order), computed by `precheck` the
+    # first time it sees this state: a scheduler prechecks a host many times between claims.
+    _cell_cpus: tuple[HostTopology, tuple[int, ...]] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
+
+    def cell_cpus_free(self, topology: HostTopology) -> tuple[int, ...]:
+        """Free dedicated pCPUs of each of the topology's cells, in its order."""
+        cached = self._cell_cpus
+        if cached is not None and cached[0] is topology:
+            return cached[1]
+        counts = tuple(len(cell.cpus & self.cpus) for cell in topology.cells)
+        object.__setattr__(self, "_cell_cpus", (topology, counts))
+        return counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +115,11 @@ def precheck(shape: InstanceShape, topology: HostTopology, free: HostFree) -> st
     need_mb = max((c.memory_mb for c in shape.cells), default=0)
     best_cpus = 0
     best_mb = 0
-    for cell in topology.cells:
-        memory = free.cell_memory_mb.get(cell.id, 0)
-        cpus = len(cell.cpus & free.cpus) if need_cpus else 0
+    free_cpus = free.cell_cpus_free(topology) if need_cpus else None
+    memory_free = free.cell_memory_mb
+    for i, cell in enumerate(topology.cells):
+        memory = memory_free.get(cell.id, 0)
+        cpus = free_cpus[i] if free_cpus is not None else 0
         if memory >= need_mb and cpus >= need_cpus:
             return None
         best_cpus = max(best_cpus, cpus)

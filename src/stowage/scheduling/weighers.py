@@ -25,11 +25,6 @@ _VCPU = ResourceClass.VCPU
 _PCPU = ResourceClass.PCPU
 
 
-def _free_share(host: HostState, rc: ResourceClass) -> float:
-    capacity = host.capacity.get(rc, 0)
-    return (capacity - host.used.get(rc, 0)) / capacity if capacity > 0 else 0.0
-
-
 class RamWeigher:
     name = "ram"
 
@@ -40,7 +35,9 @@ class RamWeigher:
         return self.multiplier != 0
 
     def weigh(self, request: Request, host: HostState, state: CycleState) -> float:
-        return _free_share(host, _MEMORY_MB)
+        # The free share, inline: this runs for every candidate of every decision.
+        capacity = host.capacity.get(_MEMORY_MB, 0)
+        return (capacity - host.used.get(_MEMORY_MB, 0)) / capacity if capacity > 0 else 0.0
 
 
 class CpuWeigher:
@@ -55,7 +52,9 @@ class CpuWeigher:
         return self.multiplier != 0
 
     def weigh(self, request: Request, host: HostState, state: CycleState) -> float:
-        return _free_share(host, _PCPU if request.shape.dedicated_vcpus else _VCPU)
+        rc = _PCPU if request.shape.dedicated_vcpus else _VCPU
+        capacity = host.capacity.get(rc, 0)
+        return (capacity - host.used.get(rc, 0)) / capacity if capacity > 0 else 0.0
 
 
 class SoftAffinityWeigher:

@@ -235,15 +235,19 @@ class Claims(Groups):
             )
         # SQLite runs an upsert's DO UPDATE with foreign-key scans of every table that
         # references consumers, for every row (about 15 us a row at 10,000 hosts): the same
-        # claim as an update of the unplaced ones, then an insert of the others, costs a
-        # third. Both run under the writer lock, so nothing comes between them.
-        placed = int(
+        # claim as an insert of the new ones, then an update of the known unplaced ones, costs
+        # a third, and the update runs only when a consumer was known (a new consumer is
+        # inserted placed, so the update cannot touch it). Both run under the writer lock, so
+        # nothing comes between them.
+        inserted = self._bulk.insert(
+            conn, consumers, _CONSUMER_COLUMNS, rows, on_conflict="ON CONFLICT DO NOTHING"
+        )
+        if inserted == len(rows):
+            return inserted
+        return inserted + int(
             conn.exec_driver_sql(
                 _SQLITE_PLACE_UNPLACED, [(row[5], row[0]) for row in rows]
             ).rowcount
-        )
-        return placed + self._bulk.insert(
-            conn, consumers, _CONSUMER_COLUMNS, rows, on_conflict="ON CONFLICT DO NOTHING"
         )
 
     def release(
@@ -394,7 +398,7 @@ _REPLACE_IF_UNPLACED = (
 )
 
 
-# SQLite's half of _REPLACE_IF_UNPLACED; the insert that follows skips every known consumer.
+# SQLite's half of _REPLACE_IF_UNPLACED, after the insert that skipped every known consumer.
 _SQLITE_PLACE_UNPLACED = (
     "UPDATE consumers SET host_id = ?, generation = generation + 1 WHERE id = ? AND host_id IS NULL"
 )
