@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from stowage.domain.errors import ConflictError, NotFound
@@ -18,6 +18,12 @@ from stowage.ledger.db import READONLY
 from stowage.ledger.schema import objects
 
 __all__ = ["Document", "ObjectStore", "decode_body"]
+
+
+# The most frequent read of all (a flavor, an image, a token's user and project: several per
+# request), built once: building the statement anew took most of its CPU (about 170 of 290 us
+# per call, measured 2026-12-02), the SQL is the same.
+_FIND = select(objects).where(objects.c.kind == bindparam("kind"), objects.c.id == bindparam("id"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,9 +253,7 @@ class ObjectStore:
 
     def find(self, kind: str, id: str) -> Document | None:
         with self.engine.connect().execution_options(**READONLY) as conn:
-            row = conn.execute(
-                select(objects).where(objects.c.kind == kind, objects.c.id == id)
-            ).first()
+            row = conn.execute(_FIND, {"kind": kind, "id": id}).first()
         return None if row is None else _doc(row)
 
     def get(self, kind: str, id: str) -> Document:
