@@ -180,12 +180,13 @@ def test_a_vanished_guest_of_a_busy_server_is_left_to_its_operation(
     assert state(cloud, instance_id)[0] == "BUILD"
 
 
-def _orphan(cloud: Cloud, driver: SimDriver, elsewhere: bool) -> str:
-    """A guest left running on host1 whose instance is deleted, or now lives on host2."""
+def _orphan_record(cloud: Cloud, elsewhere: bool) -> str:
+    """What the ledger says of a guest left on host1: its instance deleted, or now on host2.
+    Made before a conductor runs: one running meanwhile would drive the build itself (a
+    race a loaded CI machine lost: the guest was there already when the test spawned it)."""
     [instance_id] = build(cloud, 1, "host2" if elsewhere else "host1")
     for op in cloud.operations.active(instance_id=instance_id):
         cloud.operations.update(op.id, state="done")
-    driver.spawn(instance_id, {0: 2}, [0], 256)
     if not elsewhere:
 
         def gone(conn: Any) -> None:
@@ -195,15 +196,23 @@ def _orphan(cloud: Cloud, driver: SimDriver, elsewhere: bool) -> str:
     return instance_id
 
 
+def _orphan(driver: SimDriver, instance_id: str) -> str:
+    """The guest itself, left running on host1."""
+    driver.spawn(instance_id, {0: 2}, [0], 256)
+    return instance_id
+
+
 @pytest.mark.parametrize("elsewhere", [False, True], ids=["deleted", "elsewhere"])
 def test_a_guest_whose_instance_is_deleted_or_elsewhere_is_reaped(
     cloud: Cloud, tmp_path: Path, elsewhere: bool
 ) -> None:
+    record = _orphan_record(cloud, elsewhere)
+
     async def scenario() -> None:
         async with running_cloud(cloud, tmp_path) as servers:
             driver = servers["host1"].driver
             assert isinstance(driver, SimDriver)
-            orphan = await asyncio.to_thread(_orphan, cloud, driver, elsewhere)
+            orphan = await asyncio.to_thread(_orphan, driver, record)
             reconciler = make_reconciler(cloud, "host1", servers["host1"], AgentMetrics.create())
             report = await reconciler.run_once()
             assert [(d.instance_id, d.kind) for d in report.divergences] == [
@@ -226,11 +235,13 @@ def test_running_deleted_instance_action_log_and_noop_leave_the_guest(
 ) -> None:
     cloud = _cloud(db_url, tmp_path, running_deleted_instance_action=action)
 
+    record = _orphan_record(cloud, False)
+
     async def scenario() -> None:
         async with running_cloud(cloud, tmp_path) as servers:
             driver = servers["host1"].driver
             assert isinstance(driver, SimDriver)
-            orphan = await asyncio.to_thread(_orphan, cloud, driver, False)
+            orphan = await asyncio.to_thread(_orphan, driver, record)
             reconciler = make_reconciler(cloud, "host1", servers["host1"], AgentMetrics.create())
             report = await reconciler.run_once()
             assert [d.kind for d in report.divergences] == [DivergenceKind.UNKNOWN_INSTANCE]
