@@ -124,18 +124,7 @@ def offload_shelved(cloud: Cloud, instance_id: str, request_id: str) -> None:
     """`shelveOffload`: a SHELVED server's guest is destroyed on its host and its claims go
     (the conductor's answer commits SHELVED_OFFLOADED with the release)."""
     body, host = _on_its_host(cloud, instance_id, "shelveOffload", frozenset({"shelved"}))
-    after = {**body, "task_state": "shelving_offloading"}
-    with cloud.ledger.engine.begin() as conn:
-        write_instance(cloud, instance_id, body, after, conn=conn)
-        cloud.operations.enqueue(
-            "shelve",
-            instance_id,
-            host,
-            step="destroy",
-            payload={"request_id": request_id},
-            conn=conn,
-        )
-    cloud.kick()
+    _enqueue(cloud, instance_id, body, "shelving_offloading", "shelve", host, "destroy", request_id)
 
 
 def offload_due(cloud: Cloud, offload_time_s: float) -> int:
@@ -203,7 +192,7 @@ def unshelve_server(
         raise NotFound(f"Instance {instance_id} could not be found.")
     body = doc.body
     if body.get("vm_state") == "shelved" and not body.get("task_state"):
-        _start_shelved(cloud, instance_id, body, request_id, host=host, zone=zone)
+        _start_shelved(cloud, instance_id, request_id, host=host, zone=zone)
         return
     if body.get("vm_state") != "shelved_offloaded" or body.get("task_state"):
         raise ConflictError(
@@ -238,7 +227,6 @@ def unshelve_server(
 def _start_shelved(
     cloud: Cloud,
     instance_id: str,
-    body: dict[str, Any],
     request_id: str,
     *,
     host: str | None,
@@ -246,25 +234,38 @@ def _start_shelved(
 ) -> None:
     """A SHELVED server holds its host's claims: its guest starts there (Nova's), so a
     host or zone to unshelve to is for an offloaded server only (Nova's 409)."""
-    from stowage.services.migrations import host_is_up
-
     if host is not None or zone is not None:
         raise ConflictError(
             f"Instance {instance_id} is not in SHELVED_OFFLOADED state: it can be "
             "unshelved only where it is, with no host or availability zone"
         )
-    where = str(body.get("host") or "")
-    if not where or not host_is_up(cloud, where):
-        raise ConflictError(f"Cannot 'unshelve' instance {instance_id}: its compute host is down")
-    after = {**body, "task_state": "spawning"}
+    body, where = _on_its_host(cloud, instance_id, "unshelve", frozenset({"shelved"}))
+    _enqueue(
+        cloud, instance_id, body, "spawning", "unshelve", where, "power", request_id,
+        action="os-start",
+    )  # fmt: skip
+
+
+def _enqueue(
+    cloud: Cloud,
+    instance_id: str,
+    body: dict[str, Any],
+    task_state: str,
+    kind: str,
+    host: str,
+    step: str,
+    request_id: str,
+    **payload: Any,
+) -> None:
+    """The server's task state and the operation its host does, in one commit."""
     with cloud.ledger.engine.begin() as conn:
-        write_instance(cloud, instance_id, body, after, conn=conn)
+        write_instance(cloud, instance_id, body, {**body, "task_state": task_state}, conn=conn)
         cloud.operations.enqueue(
-            "unshelve",
+            kind,
             instance_id,
-            where,
-            step="power",
-            payload={"request_id": request_id, "action": "os-start"},
+            host,
+            step=step,
+            payload={"request_id": request_id, **payload},
             conn=conn,
         )
     cloud.kick()
