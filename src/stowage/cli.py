@@ -615,6 +615,41 @@ def api_process(
     )
 
 
+# How a conductor or an agent reaches the image API: as a user of the identity API (Nova's
+# service user), sharing nothing with the API's host but the ledger and the bus.
+ImageApi = Annotated[
+    str,
+    typer.Option(
+        "--image-api",
+        help="The image API: images fetched (libvirt; a conductor's volumes from images), "
+        "snapshots sent.",
+    ),
+]
+AuthUrl = Annotated[
+    str | None,
+    typer.Option("--auth-url", help="The identity API (default: beside --image-api, /identity)."),
+]
+AuthUser = Annotated[str, typer.Option("--auth-user", help="The service user.")]
+AuthProject = Annotated[str, typer.Option("--auth-project", help="The service user's project.")]
+AuthPassword = Annotated[
+    str,
+    typer.Option(
+        "--auth-password", envvar="STOWAGE_AUTH_PASSWORD", help="The service user's password."
+    ),
+]
+
+
+def _service_token(
+    image_api: str, auth_url: str | None, user: str, password: str, project: str
+) -> Any:
+    """A renewed token of the service user, from `--auth-url` or the identity API beside the
+    image API."""
+    from stowage.virt.images import PasswordToken
+
+    identity = auth_url or image_api.rstrip("/").removesuffix("/image") + "/identity"
+    return PasswordToken(identity, user, password, project)
+
+
 @app.command("conductor")
 def conductor_process(
     state_dir: StateDir = Path(".stowage"),
@@ -633,6 +668,11 @@ def conductor_process(
     ] = "",
     shelved_offload_time: ShelvedOffloadTime = 0.0,
     volume_dir: VolumeDir = None,
+    image_api: ImageApi = "http://127.0.0.1:8880/image",
+    auth_url: AuthUrl = None,
+    auth_user: AuthUser = "admin",
+    auth_project: AuthProject = "admin",
+    auth_password: AuthPassword = "stowage-admin",
     log_format: LogFormat = "kv",
     log_level: LogLevel = "info",
     metrics_port: MetricsPort = 0,
@@ -640,7 +680,8 @@ def conductor_process(
 ) -> None:
     """Production: drive operations through the agents (run several for more throughput).
     A build makes its new volumes' files in `--volume-dir` and hands their paths there to the
-    agent."""
+    agent; a volume made from an image takes the image's data from the image API when this
+    host has no copy of the API's image files (kept in `<state-dir>/image-cache`)."""
     import asyncio
     import functools
 
@@ -658,6 +699,12 @@ def conductor_process(
         conductor_name=name,
         shelved_offload_time_s=shelved_offload_time,
         volume_dir=_volume_dir(state_dir, volume_dir),
+    )
+    from stowage.virt.images import HttpImageFetcher, ImageCache
+
+    token = _service_token(image_api, auth_url, auth_user, auth_password, auth_project)
+    cloud.remote_images = ImageCache(
+        state_dir.resolve() / "image-cache", HttpImageFetcher(image_api, token)
     )
     watch_heartbeats(functools.partial(heartbeat_ages, cloud))
     if metrics_port:
@@ -692,28 +739,11 @@ def agent_process(
     cpu_shared_set: Annotated[
         str | None, typer.Option("--cpu-shared-set", help="libvirt: CPUs for shared vCPUs.")
     ] = None,
-    image_api: Annotated[
-        str,
-        typer.Option(
-            "--image-api", help="The image API: images fetched (libvirt), snapshots sent."
-        ),
-    ] = "http://127.0.0.1:8880/image",
-    auth_url: Annotated[
-        str | None,
-        typer.Option(
-            "--auth-url", help="The identity API (default: beside --image-api, /identity)."
-        ),
-    ] = None,
-    auth_user: Annotated[str, typer.Option("--auth-user", help="The agent's user.")] = "admin",
-    auth_project: Annotated[
-        str, typer.Option("--auth-project", help="The agent's project.")
-    ] = "admin",
-    auth_password: Annotated[
-        str,
-        typer.Option(
-            "--auth-password", envvar="STOWAGE_AUTH_PASSWORD", help="The agent user's password."
-        ),
-    ] = "stowage-admin",
+    image_api: ImageApi = "http://127.0.0.1:8880/image",
+    auth_url: AuthUrl = None,
+    auth_user: AuthUser = "admin",
+    auth_project: AuthProject = "admin",
+    auth_password: AuthPassword = "stowage-admin",
     host_ip: Annotated[
         str | None,
         typer.Option(
@@ -762,7 +792,6 @@ def agent_process(
     from stowage.services.dashboard import heartbeat_ages
     from stowage.telemetry import serve_metrics
     from stowage.telemetry.metrics import watch_heartbeats
-    from stowage.virt.images import PasswordToken
 
     _configure_logs(log_format, log_level, f"agent:{host_name}")
 
@@ -787,8 +816,7 @@ def agent_process(
         from dataclasses import replace
 
         spec = replace(spec, name=host_name)
-    identity = auth_url or image_api.rstrip("/").removesuffix("/image") + "/identity"
-    token = PasswordToken(identity, auth_user, auth_password, auth_project)
+    token = _service_token(image_api, auth_url, auth_user, auth_password, auth_project)
     if driver == "libvirt":
         the_driver = _libvirt_agent_driver(
             token,

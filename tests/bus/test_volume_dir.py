@@ -75,6 +75,8 @@ def shared_volumes(tmp_path: Path, pg_url: str) -> Iterator[tuple[RunningCloud, 
             "10",
             "--volume-dir",
             str(shared),
+            "--image-api",
+            f"{base}/image",
         ),
         spawn(
             tmp_path / "agent.log",
@@ -171,3 +173,29 @@ def test_volumes_live_in_the_shared_directory_and_a_server_boots_from_one(
     wait_for("the files to go", lambda: not any(shared.iterdir()), timeout=60)
     for state in ("api-host", "conductor-host", "compute-host"):
         assert not (cloud.state_dir.parent / state / "volumes").exists(), state
+
+
+def test_a_build_makes_its_root_volume_from_an_image_the_conductor_does_not_hold(
+    shared_volumes: tuple[RunningCloud, str, Path],
+) -> None:
+    """`server create --image X --boot-from-volume N`: the conductor makes the root volume
+    from the image. On a host of its own it has no copy of the image API's files: it fetches
+    the image from the image API (checked against its checksums) instead of failing the
+    build with "image has no data"."""
+    cloud, host, shared = shared_volumes
+    server = cloud.osc_json(
+        "server", "create", "--flavor", "m1.tiny", "--image", IMAGE, "--boot-from-volume", "1",
+        "--nic", "none", "--wait", "vdir-from-image",
+    )  # fmt: skip
+    assert (server["status"], server["OS-EXT-SRV-ATTR:host"]) == ("ACTIVE", host)
+    (root,) = cloud.osc_json("server", "show", "vdir-from-image")["volumes_attached"]
+    root_file = shared / f"volume-{root['id']}"
+    image_id = cloud.osc_json("image", "show", IMAGE)["id"]
+    # The image's bytes, converted to raw if need be, then grown to the volume's 1 GiB.
+    assert root_file.stat().st_size == 1024**3
+    # The conductor's copy came from the image API, byte for byte, into its cache.
+    conductor_host = cloud.state_dir.parent / "conductor-host"
+    fetched = conductor_host / "image-cache" / image_id
+    assert fetched.read_bytes() == (cloud.state_dir / "images" / image_id).read_bytes()
+    assert not any((conductor_host / "images").glob("*"))
+    cloud.osc("server", "delete", "--wait", "vdir-from-image")

@@ -24,6 +24,7 @@ from stowage.services.images import bootstrap_images
 from stowage.services.networks import bootstrap_networks
 from stowage.services.scheduler import Scheduler
 from stowage.services.tokens import Tokens, ValidationCache, hash_password
+from stowage.virt.images import ImageCache
 
 __all__ = ["Cloud", "CloudConfig", "bootstrap"]
 
@@ -116,6 +117,9 @@ class Cloud:
         self.validated_tokens = ValidationCache()
         self.objects.watch(("revoked_token", "user", "project"), self.validated_tokens.changed)
         self.scheduler = Scheduler(ledger, clock=clock)
+        # Where a process without the image API's files (a production conductor on a host of
+        # its own) reads an image's data: a cache fetched from the image API.
+        self.remote_images: ImageCache | None = None
         # One scheduling decision cycle at a time per process; several processes may still race.
         self.schedule_lock = threading.Lock()
         self.operations = Operations(ledger.engine, clock=clock)

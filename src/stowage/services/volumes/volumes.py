@@ -16,6 +16,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, select
@@ -33,6 +34,7 @@ from stowage.ledger.storage import (
 )
 from stowage.services import images as image_service
 from stowage.services.cloud import Cloud
+from stowage.services.guest_spec import image_spec
 from stowage.services.quotas import lock_project
 from stowage.services.volumes.backend import GIB, BackendError
 from stowage.services.volumes.model import (
@@ -46,6 +48,7 @@ from stowage.services.volumes.model import (
     backend_of,
     volume_quota_limits,
 )
+from stowage.virt.driver import DriverError, ImageSpec
 
 __all__ = [
     "change_volume",
@@ -632,12 +635,28 @@ def _make_volume(cloud: Cloud, doc: Document) -> None:
         backend.clone(doc.id, size, doc.body["source_volid"])
     elif doc.body.get("image_id"):
         image = cloud.objects.find("image", doc.body["image_id"])
-        path = image_service.image_file(cloud, doc.body["image_id"])
-        if image is None or not path.exists():
+        if image is None:
             raise BackendError(f"image {doc.body['image_id']} has no data")
+        path = _image_data(cloud, image.id)
         backend.create_from_image(doc.id, size, path, str(image.body.get("disk_format") or "raw"))
     else:
         backend.create_blank(doc.id, size)
+
+
+def _image_data(cloud: Cloud, image_id: str) -> Path:
+    """The image's data: the image API's own file where this process has it (`stowage up`,
+    the API's volume workers), else fetched from the image API into this host's cache."""
+    path = image_service.image_file(cloud, image_id)
+    if path.exists():
+        return path
+    cache = cloud.remote_images
+    spec = image_spec(cloud, image_id) if cache is not None else None
+    if cache is None or spec is None:
+        raise BackendError(f"image {image_id} has no data")
+    try:
+        return cache.path(ImageSpec(**spec))
+    except DriverError as exc:
+        raise BackendError(str(exc)) from None
 
 
 def _settle(cloud: Cloud, kind: str, doc_id: str, was: str, status: str, **extra: Any) -> None:
