@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import math
 import multiprocessing as mp
@@ -64,6 +65,8 @@ RACK_GROUP_SHARE = 0.25  # of the anti-affinity groups, this share spreads over 
 # Simulated hosts send no heartbeats; the compute filter must not call them down mid-run.
 SERVICE_DOWN_TIME_S = 7 * 86_400.0
 BARRIER_TIMEOUT_S = 900.0
+PROGRESS_S = 30.0  # a scheduler process reports how far it got this often
+TEMPLATE = "stowage_bench_tpl"
 
 # (name, vCPUs, RAM MB, disk GB, extra specs, weight within its kind)
 SHARED_FLAVORS: list[tuple[str, int, int, int, dict[str, str], int]] = [
@@ -197,16 +200,36 @@ def demand_per_host(instances: int, hosts: int) -> dict[str, float]:
 class Databases:
     """Fresh databases for one backend: a template with hosts and groups, copied per run."""
 
-    def __init__(self, backend: str, pg_admin_url: str, workdir: Path) -> None:
+    def __init__(
+        self, backend: str, pg_admin_url: str, workdir: Path, template_dir: Path | None = None
+    ) -> None:
         self.backend = backend
         self.pg_admin_url = pg_admin_url
         self.workdir = workdir
+        # With --template, templates live (SQLite files) or stay (PostgreSQL) between runs.
+        self.template_dir = template_dir
         self._made: set[str] = set()
+
+    def _file(self, name: str) -> Path:
+        if self.template_dir is not None and name.startswith(TEMPLATE):
+            return self.template_dir / name
+        return self.workdir / name
 
     def url(self, name: str) -> str:
         if self.backend == "sqlite":
-            return f"sqlite:///{self.workdir / (name + '.db')}"
+            return f"sqlite:///{self._file(name + '.db')}"
         return make_url(self.pg_admin_url).set(database=name).render_as_string(hide_password=False)
+
+    def exists(self, name: str) -> bool:
+        if self.backend == "sqlite":
+            return self._file(name + ".db").exists()
+        engine = self._admin()
+        with engine.connect() as conn:
+            found = conn.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
+            ).scalar()
+        engine.dispose()
+        return found is not None
 
     def _admin(self) -> Any:
         url = self.pg_admin_url
@@ -217,7 +240,7 @@ class Databases:
     def drop(self, name: str) -> None:
         if self.backend == "sqlite":
             for suffix in (".db", ".db-wal", ".db-shm"):
-                (self.workdir / (name + suffix)).unlink(missing_ok=True)
+                self._file(name + suffix).unlink(missing_ok=True)
         else:
             engine = self._admin()
             with engine.connect() as conn:
@@ -230,8 +253,8 @@ class Databases:
         self.drop(name)
         if self.backend == "sqlite":
             if template is not None:
-                src = sqlite3.connect(self.workdir / (template + ".db"))
-                dst = sqlite3.connect(self.workdir / (name + ".db"))
+                src = sqlite3.connect(self._file(template + ".db"))
+                dst = sqlite3.connect(self._file(name + ".db"))
                 with dst:
                     src.backup(dst)
                 src.close()
@@ -248,6 +271,31 @@ class Databases:
     def drop_all(self) -> None:
         for name in list(self._made):
             self.drop(name)
+
+    def template(self, hosts: int, workload: Workload, say: Any) -> tuple[str, dict[str, float]]:
+        """The template database for `hosts` and the workload's groups, and its build timings.
+
+        With --template, a template built earlier for the same cloud is reused (its timings
+        are then empty) and a new one is kept for the next run.
+        """
+        if self.template_dir is None:
+            url = self.create(TEMPLATE)
+            return TEMPLATE, build_template(url, hosts, workload, say)
+        # The name says what the template holds: a different cloud gets a different one.
+        shape = [CELLS, CORES_PER_CELL, THREADS_PER_CORE, MEMORY_MB_PER_CELL, HOST_DISK_GB, RACKS]
+        cloud = json.dumps([*shape, hosts, workload.groups, sorted(workload.rack_groups)])
+        name = f"{TEMPLATE}_{hosts}h_{hashlib.sha256(cloud.encode()).hexdigest()[:12]}"
+        if self.exists(name):
+            say(f"  reusing the template {name} in {self.template_dir or self.pg_admin_url}")
+            Ledger.open(self.url(name)).close()  # brings its schema up to date
+            return name, {}
+        url = self.create(name)
+        self._made.discard(name)  # kept, even when the build fails half way
+        try:
+            return name, build_template(url, hosts, workload, say)
+        except BaseException:
+            self.drop(name)
+            raise
 
     def settings(self) -> dict[str, str]:
         if self.backend == "sqlite":
@@ -266,13 +314,18 @@ class Databases:
         return out
 
 
-def build_template(url: str, hosts: int, workload: Workload) -> dict[str, float]:
+def build_template(url: str, hosts: int, workload: Workload, say: Any) -> dict[str, float]:
     """Hosts and groups through the ledger's own API; returns timings."""
     t0 = time.monotonic()
     ledger = Ledger.open(url)
     specs = host_specs(hosts)
+    t_specs = time.monotonic()
+    reported = t_specs
     for start in range(0, len(specs), REGISTER_CHUNK):
         ledger.register_hosts(specs[start : start + REGISTER_CHUNK])
+        if time.monotonic() - reported >= PROGRESS_S:
+            reported = time.monotonic()
+            say(f"  registered {start + REGISTER_CHUNK:,} of {hosts:,} hosts")
     t1 = time.monotonic()
     for i, group_id in enumerate(workload.groups):
         rules: dict[str, object] = {}
@@ -283,7 +336,11 @@ def build_template(url: str, hosts: int, workload: Workload) -> dict[str, float]
         )
     t2 = time.monotonic()
     ledger.close()
-    return {"register_hosts_s": t1 - t0, "create_groups_s": t2 - t1}
+    return {
+        "open_and_specs_s": t_specs - t0,
+        "register_hosts_s": t1 - t_specs,
+        "create_groups_s": t2 - t1,
+    }
 
 
 # -- the stowage run ---------------------------------------------------------------------
@@ -359,6 +416,7 @@ def _stowage_worker(
         placed = 0
         refused: Counter[str] = Counter()
         retried = 0
+        reported = start
         for b in range(lo, hi, batch):
             # Built per batch, so the measured memory is the scheduler's, not the input's.
             chunk = _requests(workload, b, min(b + batch, hi))
@@ -371,6 +429,17 @@ def _stowage_worker(
                 else:
                     refused[str(p.code)] += 1
                 retried += p.attempts > 1
+            if time.monotonic() - reported >= PROGRESS_S:
+                reported = time.monotonic()
+                done = b + len(chunk) - lo
+                print(
+                    f"  [process {index}] {done:,} of {hi - lo:,} requests, {placed:,} placed, "
+                    f"{done / (reported - start):,.0f}/s, "
+                    f"{(time.process_time() - cpu_start) / done * 1e6:.0f} us CPU each, "
+                    f"RSS {_rss_mib():,.0f} MiB, load {os.getloadavg()[0]:.1f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         end = time.monotonic()
         cpu_s = time.process_time() - cpu_start
         results.put(
@@ -730,7 +799,7 @@ def _share_baseline(measured: RunResult, other: RunResult) -> None:
 def run_backend(
     backend: str, args: argparse.Namespace, workdir: Path, say: Any
 ) -> tuple[list[RunResult], dict[str, str]]:
-    dbs = Databases(backend, args.pg_url, workdir)
+    dbs = Databases(backend, args.pg_url, workdir, args.template)
     procs_list = args.procs or ([1, 4] if backend == "postgres" else [1])
     out: list[RunResult] = []
     try:
@@ -744,19 +813,20 @@ def run_backend(
                     f"{demand['VCPU']:.0%} of VCPU and {demand['PCPU']:.0%} of PCPU capacity; "
                     "expect refusals[/yellow]"
                 )
-            say(f"[bold]{backend}, {hosts} hosts[/bold]: registering hosts and groups...")
-            url = dbs.create("stowage_bench_tpl")
-            setup = build_template(url, hosts, workload)
-            say(
-                f"  registered in {setup['register_hosts_s']:.1f}s, "
-                f"{len(workload.groups)} groups in {setup['create_groups_s']:.1f}s"
-            )
+            say(f"[bold]{backend}, {hosts} hosts[/bold]: the template (hosts and groups)...")
+            template, setup = dbs.template(hosts, workload, say)
+            if setup:
+                say(
+                    f"  {hosts:,} hosts registered in {setup['register_hosts_s']:.1f}s "
+                    f"({hosts / max(setup['register_hosts_s'], 1e-9):,.0f}/s), "
+                    f"{len(workload.groups)} groups in {setup['create_groups_s']:.1f}s"
+                )
             for procs in procs_list:
                 before = None
                 if args.before_src is not None:
                     before = run_config(
                         dbs,
-                        "stowage_bench_tpl",
+                        template,
                         setup,
                         hosts,
                         procs,
@@ -768,7 +838,7 @@ def run_backend(
                     )
                 after = run_config(
                     dbs,
-                    "stowage_bench_tpl",
+                    template,
                     setup,
                     hosts,
                     procs,
@@ -780,7 +850,8 @@ def run_backend(
                     _share_baseline(after, before)
                     out.append(before)
                 out.append(after)
-            dbs.drop("stowage_bench_tpl")
+            if args.template is None:
+                dbs.drop(template)
     finally:
         if not args.keep:
             dbs.drop_all()
@@ -932,7 +1003,11 @@ def render(results: list[RunResult], args: argparse.Namespace, env: dict[str, An
             f"{r.hosts:,}",
             str(r.procs),
             f"{r.load_start:.1f}-{r.load_end:.1f}",
-            f"{r.setup['register_hosts_s']:.1f}+{r.setup['create_groups_s']:.1f}",
+            (
+                f"{r.setup['register_hosts_s']:.1f}+{r.setup['create_groups_s']:.1f}"
+                if "register_hosts_s" in r.setup
+                else "reused"
+            ),
             f"{r.view_load_s:.2f}",
             f"{r.view_mib:.0f} ({r.view_mib * 1024 / max(1, r.hosts):.1f})",
             f"{r.amortized_us_per_claim:.0f}",
@@ -947,6 +1022,36 @@ def render(results: list[RunResult], args: argparse.Namespace, env: dict[str, An
             "clean" if r.baseline_audit_violations == 0 else f"{r.baseline_audit_violations}",
         )
     console.print(detail)
+
+    build = Table(
+        title="template build (before placing)",
+        caption="Ledger.open and the host specs, register_hosts in chunks of "
+        f"{REGISTER_CHUNK}, the anti-affinity groups, the copy of the template per run, and "
+        "the scheduler's first view; --template reuses a template built earlier",
+    )
+    for name in ("backend", "hosts", "open+specs s", "register s", "hosts/s", "groups s"):
+        build.add_column(name, justify="right")
+    for name in ("copy s", "view s", "view MiB"):
+        build.add_column(name, justify="right")
+    seen: set[tuple[str, int]] = set()
+    for r in results:
+        if (r.backend, r.hosts) in seen:
+            continue
+        seen.add((r.backend, r.hosts))
+        got = r.setup
+        reg = got.get("register_hosts_s")
+        build.add_row(
+            r.backend,
+            f"{r.hosts:,}",
+            f"{got['open_and_specs_s']:.1f}" if reg is not None else "reused",
+            f"{reg:.1f}" if reg is not None else "reused",
+            f"{r.hosts / max(reg, 1e-9):,.0f}" if reg is not None else "",
+            f"{got['create_groups_s']:.1f}" if reg is not None else "reused",
+            f"{got.get('copy_template_s', 0.0):.1f}",
+            f"{r.view_load_s:.1f}",
+            f"{r.view_mib:.0f}",
+        )
+    console.print(build)
 
     targets = _targets(results, args.instances)
     if targets:
@@ -1023,6 +1128,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--workdir", type=Path, default=None, help="where SQLite files go")
     p.add_argument("--keep", action="store_true", help="keep the last databases")
+    p.add_argument(
+        "--template",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep each template (its SQLite file in DIR; on PostgreSQL the database) and reuse "
+        "it in later runs with the same hosts, seed and instances",
+    )
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write all figures")
     p.add_argument(
         "--quick", action="store_true", help="smoke run: 200 hosts, 1000 instances, < 30 s"
@@ -1077,6 +1190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     own_workdir = args.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="stowage-bench-")) if own_workdir else args.workdir
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.template is not None:
+        args.template.mkdir(parents=True, exist_ok=True)
     results: list[RunResult] = []
     env: dict[str, Any] = {
         "cpus": os.cpu_count(),

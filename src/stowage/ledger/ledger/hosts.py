@@ -42,7 +42,7 @@ class Hosts(LedgerCore):
                 return found
             try:
                 with conn.begin_nested():
-                    host_id = self._insert_host(conn, spec)
+                    [host_id] = self._insert_hosts(conn, [spec])
             except IntegrityError:
                 found = self._host_named(conn, spec.name)
                 if found is None:
@@ -52,9 +52,15 @@ class Hosts(LedgerCore):
             return host_id
 
     def register_hosts(self, specs: Sequence[HostSpec]) -> list[int]:
-        """Bulk registration for large simulated clouds (one transaction)."""
+        """Bulk registration for large simulated clouds: one transaction, one statement per
+        table for all of `specs`, the same rows as `register_host` writes host by host.
+
+        Not idempotent: a name already registered fails the whole call.
+        """
+        if not specs:
+            return []
         with self.engine.begin() as conn:
-            ids = [self._insert_host(conn, spec) for spec in specs]
+            ids = self._insert_hosts(conn, specs)
             conn.execute(insert(changes), [{"host_id": h, "at": self.clock()} for h in ids])
         return ids
 
@@ -63,10 +69,16 @@ class Hosts(LedgerCore):
         found = conn.execute(select(hosts.c.id).where(hosts.c.name == name)).scalar()
         return None if found is None else int(found)
 
-    def _insert_host(self, conn: Connection, spec: HostSpec) -> int:
-        host_id = int(
-            conn.execute(
-                insert(hosts).returning(hosts.c.id),
+    def _insert_hosts(self, conn: Connection, specs: Sequence[HostSpec]) -> list[int]:
+        """The hosts' rows, then their cells, pCPUs and inventories; the new ids in order."""
+        # Hosts of a simulated cloud share one topology object: serialize it once.
+        topologies: dict[int, str] = {}
+        rows = []
+        for spec in specs:
+            topology = topologies.get(id(spec.topology))
+            if topology is None:
+                topology = topologies[id(spec.topology)] = topology_to_json(spec.topology)
+            rows.append(
                 {
                     "uuid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"stowage-host:{spec.name}")),
                     "name": spec.name,
@@ -74,59 +86,57 @@ class Hosts(LedgerCore):
                     "labels": json.dumps(dict(spec.labels), sort_keys=True),
                     "hypervisor_type": spec.hypervisor_type,
                     "architecture": spec.architecture,
-                    "topology": topology_to_json(spec.topology),
+                    "topology": topology,
                     "disabled": False,
                     "forced_down": False,
                     "last_seen": self.clock(),
                     "generation": 0,
-                },
-            ).scalar_one()
-        )
-        self._insert_host_rows(conn, host_id, spec)
-        return host_id
-
-    def _insert_host_rows(self, conn: Connection, host_id: int, spec: HostSpec) -> None:
-        topo = spec.topology
-        conn.execute(
-            insert(cells),
-            [
-                {"host_id": host_id, "cell_id": c.id, "memory_mb": c.memory_mb, "memory_mb_used": 0}
-                for c in topo.cells
-            ],
-        )
-        conn.execute(
-            insert(pcpus),
-            [
-                {
-                    "host_id": host_id,
-                    "cpu_id": cpu,
-                    "cell_id": c.id,
-                    "dedicated": cpu in topo.cpu_dedicated_set,
-                }
-                for c in topo.cells
-                for cpu in sorted(c.cpus)
-            ],
-        )
-        rows = []
-        for rc, total in spec.totals().items():
-            if total <= 0:
-                continue
-            rows.append(
-                {
-                    "host_id": host_id,
-                    "resource_class": rc.value,
-                    "total": total,
-                    "reserved": spec.reserved.get(rc, 0),
-                    "allocation_ratio": spec.allocation_ratios.get(
-                        rc, DEFAULT_ALLOCATION_RATIOS[rc]
-                    ),
-                    "min_unit": 1,
-                    "max_unit": total,
-                    "step_size": 1,
-                    "used": 0,
                 }
             )
-        conn.execute(insert(inventories), rows)
+        ids = [
+            int(i)
+            for i in conn.execute(
+                insert(hosts).returning(hosts.c.id, sort_by_parameter_order=True), rows
+            ).scalars()
+        ]
+        cell_rows: list[tuple[int, int, int, int]] = []
+        pcpu_rows: list[tuple[int, int, int, bool]] = []
+        inventory_rows: list[tuple[Any, ...]] = []
+        for host_id, spec in zip(ids, specs, strict=True):
+            topo = spec.topology
+            for c in topo.cells:
+                cell_rows.append((host_id, c.id, c.memory_mb, 0))
+                pcpu_rows.extend(
+                    (host_id, cpu, c.id, cpu in topo.cpu_dedicated_set) for cpu in sorted(c.cpus)
+                )
+            for rc, total in spec.totals().items():
+                if total <= 0:
+                    continue
+                ratio = spec.allocation_ratios.get(rc, DEFAULT_ALLOCATION_RATIOS[rc])
+                inventory_rows.append(
+                    (host_id, rc.value, total, spec.reserved.get(rc, 0), ratio, 1, total, 1, 0)
+                )
+        self._bulk.insert(
+            conn, cells, ("host_id", "cell_id", "memory_mb", "memory_mb_used"), cell_rows
+        )
+        self._bulk.insert(conn, pcpus, ("host_id", "cpu_id", "cell_id", "dedicated"), pcpu_rows)
+        self._bulk.insert(
+            conn,
+            inventories,
+            (
+                "host_id",
+                "resource_class",
+                "total",
+                "reserved",
+                "allocation_ratio",
+                "min_unit",
+                "max_unit",
+                "step_size",
+                "used",
+            ),
+            inventory_rows,
+        )
+        return ids
 
     def set_host_state(
         self,
