@@ -37,12 +37,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alembic import command
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, make_url, text
 
 from stowage.domain.flavor import Flavor, InstanceShape, ThreadPolicy, shape_of
 from stowage.domain.groups import parse_group
 from stowage.domain.topology import HostSpec, HostTopology, ResourceClass
 from stowage.ledger.audit import audit
+from stowage.ledger.db import alembic_config
 from stowage.ledger.ledger import Ledger
 from stowage.scheduling.filters import default_filters
 from stowage.scheduling.framework import Request
@@ -574,18 +577,18 @@ def _baseline_worker(
         ins_consumer = (
             "INSERT INTO consumers (id, kind, instance_id, project_id, user_id, host_id, "
             f"generation, created_at) VALUES ({ph}, 'instance', {ph}, 'bench', 'bench', "
-            f"{ph}, 0, {ph})"
+            f"{ph}, 0, {ph}) RETURNING seq"
         )
         use = (
             f"UPDATE inventories SET used = used + {ph} WHERE host_id = {ph} "
             f"AND resource_class = {ph} AND used + {ph} <= (total - reserved) * allocation_ratio"
         )
         ins_alloc = (
-            "INSERT INTO allocations (consumer_id, host_id, resource_class, amount) "
+            "INSERT INTO allocations (consumer_seq, host_id, resource_class, amount) "
             f"VALUES ({ph}, {ph}, {ph}, {ph})"
         )
         ins_pin = (
-            "INSERT INTO pins (host_id, cpu_id, consumer_id, guest_vcpu, dedicated) "
+            "INSERT INTO pins (host_id, cpu_id, consumer_seq, guest_vcpu, dedicated) "
             f"VALUES ({ph}, {ph}, {ph}, {ph}, {'1' if backend == 'sqlite' else 'true'})"
         )
         barrier.wait(BARRIER_TIMEOUT_S)
@@ -601,22 +604,21 @@ def _baseline_worker(
             cur.execute(begin)
             ok = True
             cur.execute(ins_consumer, (instance_id, instance_id, host_id, time.time()))
+            (seq,) = cur.fetchone()
             for rc, amount in sorted(amounts.items()):
                 cur.execute(use, (amount, host_id, rc, amount))
                 if cur.rowcount != 1:
                     ok = False
                     break
             if ok:
-                cur.executemany(
-                    ins_alloc, [(instance_id, host_id, rc, a) for rc, a in amounts.items()]
-                )
+                cur.executemany(ins_alloc, [(seq, host_id, rc, a) for rc, a in amounts.items()])
                 if pcpu:
                     taken = [free[host_id].pop() for _ in range(pcpu)]
                     vcpus = len(shapes[flavor].dedicated_vcpus)
                     cur.executemany(
                         ins_pin,
                         [
-                            (host_id, cpu, instance_id, i if i < vcpus else None)
+                            (host_id, cpu, seq, i if i < vcpus else None)
                             for i, cpu in enumerate(taken)
                         ],
                     )
@@ -701,6 +703,13 @@ def _audit(url: str) -> tuple[list[str], int, float]:
     return violations, int(placed), time.monotonic() - t0
 
 
+def _head_of(src: Path) -> str:
+    """The newest schema revision the code in `src` (another checkout's `src/`) knows."""
+    head = ScriptDirectory(str(src / "stowage" / "ledger" / "migrations")).get_current_head()
+    assert head is not None
+    return head
+
+
 def run_config(
     dbs: Databases,
     template: str,
@@ -725,6 +734,9 @@ def run_config(
     t0 = time.monotonic()
     url = dbs.create("stowage_bench_run", template)
     res.setup["copy_template_s"] = time.monotonic() - t0
+    if src is not None:
+        # The template has this checkout's schema: the copy goes back to what `src` knows.
+        command.downgrade(alembic_config(url), _head_of(src))
     say(f"  [{code}] placing {args.instances} instances with {procs} scheduler process(es)...")
     res.load_start = os.getloadavg()[0]
     if src is not None:
@@ -758,6 +770,9 @@ def run_config(
     res.view_load_s = max(r["view_load_s"] for r in out)
     res.view_mib = max(r["view_mib"] for r in out)
     res.cpu_us_per_claim = sum(r["cpu_s"] for r in out) / max(1, res.placed) * 1e6
+    if src is not None:
+        say(f"  [{code}] upgrading the ledger to this checkout's schema for the audit...")
+        command.upgrade(alembic_config(url), "head")
     say(f"  {res.placed} placed, {res.placements_per_s:,.0f}/s; auditing...")
     violations, res.ledger_placed, res.audit_s = _audit(url)
     say(f"  audit: {len(violations)} violations ({res.audit_s:.1f}s)")

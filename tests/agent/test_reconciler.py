@@ -23,7 +23,7 @@ from stowage.domain.errors import NotFound
 from stowage.domain.topology import HostSpec, HostTopology
 from stowage.ledger import Ledger
 from stowage.ledger.db import READONLY
-from stowage.ledger.schema import consumers, numa_claims, pins
+from stowage.ledger.schema import consumer_key, consumers, numa_claims, pins
 from stowage.services import migrations
 from stowage.services.cloud import Cloud, CloudConfig
 from stowage.services.compute import BuildRequest, build_servers, schedule_builds
@@ -125,11 +125,13 @@ def claimed(cloud: Cloud, consumer_id: str) -> tuple[dict[int, int], list[int]]:
     with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
         pinned = conn.execute(
             select(pins.c.guest_vcpu, pins.c.cpu_id).where(
-                pins.c.consumer_id == consumer_id, pins.c.guest_vcpu.is_not(None)
+                pins.c.consumer_seq == consumer_key(consumer_id), pins.c.guest_vcpu.is_not(None)
             )
         ).all()
         cells = conn.execute(
-            select(numa_claims.c.cell_id).where(numa_claims.c.consumer_id == consumer_id)
+            select(numa_claims.c.cell_id).where(
+                numa_claims.c.consumer_seq == consumer_key(consumer_id)
+            )
         ).scalars()
         return {int(v): int(c) for v, c in pinned}, sorted(int(c) for c in cells)
 

@@ -370,12 +370,16 @@ def holdings(cloud: Cloud) -> dict[str, list[str]]:
     from sqlalchemy import select
 
     from stowage.ledger.db import READONLY
-    from stowage.ledger.schema import allocations, hosts
+    from stowage.ledger.schema import allocations, consumers, hosts
 
     with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
         rows = conn.execute(
-            select(hosts.c.name, allocations.c.consumer_id)
-            .select_from(allocations.join(hosts, hosts.c.id == allocations.c.host_id))
+            select(hosts.c.name, consumers.c.id)
+            .select_from(
+                allocations.join(hosts, hosts.c.id == allocations.c.host_id).join(
+                    consumers, consumers.c.seq == allocations.c.consumer_seq
+                )
+            )
             .distinct()
         ).all()
     out: dict[str, list[str]] = {}

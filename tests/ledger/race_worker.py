@@ -43,7 +43,14 @@ from stowage.domain.numa import Fit, HostFree, NoFit, apply_fit, fit_instance
 from stowage.domain.topology import ResourceClass
 from stowage.ledger.db import READONLY
 from stowage.ledger.ledger import Ledger
-from stowage.ledger.schema import allocations, consumers, group_slots, numa_claims, pins
+from stowage.ledger.schema import (
+    allocations,
+    consumer_key,
+    consumers,
+    group_slots,
+    numa_claims,
+    pins,
+)
 from stowage.scheduling.framework import Request
 from stowage.scheduling.view import HostState, View
 from stowage.services.scheduler import Scheduler
@@ -151,7 +158,7 @@ def holdings(ledger: Ledger, consumer_id: str) -> dict[str, Any]:
         return (
             select(func.count())
             .select_from(table)
-            .where(table.c.consumer_id == consumer_id)
+            .where(table.c.consumer_seq == consumer_key(consumer_id))
             .scalar_subquery()
         )
 

@@ -20,6 +20,7 @@ from stowage.ledger.db import READONLY
 from stowage.ledger.schema import (
     allocations,
     cells,
+    consumer_key,
     consumers,
     group_members,
     group_slots,
@@ -107,7 +108,9 @@ def claim_rows(ledger: Ledger, consumer_id: str) -> dict[str, int]:
     return {
         table.name: read(
             ledger,
-            select(func.count()).select_from(table).where(table.c.consumer_id == consumer_id),
+            select(func.count())
+            .select_from(table)
+            .where(table.c.consumer_seq == consumer_key(consumer_id)),
         )[0][0]
         for table in CLAIM_TABLES
     }
@@ -134,7 +137,7 @@ def pins_of(ledger: Ledger, consumer_id: str) -> dict[tuple[int, int], int | Non
     rows = read(
         ledger,
         select(pins.c.host_id, pins.c.cpu_id, pins.c.guest_vcpu).where(
-            pins.c.consumer_id == consumer_id
+            pins.c.consumer_seq == consumer_key(consumer_id)
         ),
     )
     return {(h, cpu): vcpu for h, cpu, vcpu in rows}
@@ -146,9 +149,11 @@ def slots_of(ledger: Ledger, group_id: str) -> set[tuple[str, int, str, int]]:
         select(
             group_slots.c.domain,
             group_slots.c.slot,
-            group_slots.c.consumer_id,
+            consumers.c.id,
             group_slots.c.host_id,
-        ).where(group_slots.c.group_id == group_id),
+        )
+        .select_from(group_slots.join(consumers, consumers.c.seq == group_slots.c.consumer_seq))
+        .where(group_slots.c.group_id == group_id),
     )
     return {tuple(r) for r in rows}
 
@@ -230,7 +235,7 @@ def test_claim_commits_amounts_cells_pins_slot_and_host_at_once(ledger: Ledger) 
             numa_claims.c.cell_id,
             numa_claims.c.guest_cell,
             numa_claims.c.memory_mb,
-        ).where(numa_claims.c.consumer_id == "vm-a"),
+        ).where(numa_claims.c.consumer_seq == consumer_key("vm-a")),
     ) == [(h1, 0, 0, 1024)]
     assert slots_of(ledger, ANTI.id) == {("host=h1", 0, "vm-a", h1)}
     assert read(ledger, select(group_members.c.group_id, group_members.c.instance_id)) == [
@@ -511,9 +516,12 @@ def test_complete_migration_hands_the_destination_to_the_instance_and_frees_the_
     assert ledger.consumer_host("vm-a") == h2
     assert set(pins_of(ledger, "vm-a")) == {(h2, 0), (h2, 1), (h2, 8), (h2, 9)}
     assert usage(ledger, h2) == {"VCPU": 0, "PCPU": 4, "MEMORY_MB": 1024, "DISK_GB": 10}
-    assert read(ledger, select(allocations.c.consumer_id, allocations.c.host_id).distinct()) == [
-        ("vm-a", h2)
-    ]
+    assert read(
+        ledger,
+        select(consumers.c.id, allocations.c.host_id)
+        .select_from(allocations.join(consumers, consumers.c.seq == allocations.c.consumer_seq))
+        .distinct(),
+    ) == [("vm-a", h2)]
     assert slots_of(ledger, ANTI.id) == {("host=h2", 0, "vm-a", h2)}
     assert claim_rows(ledger, "mig-1") == {t.name: 0 for t in CLAIM_TABLES}
     assert ledger.complete_migration("mig-1") is False
@@ -670,8 +678,8 @@ def test_audit_reports_a_pin_whose_consumer_holds_no_pcpu_allocation(ledger: Led
 
     corrupt(
         ledger,
-        "INSERT INTO pins (host_id, cpu_id, consumer_id, guest_vcpu, dedicated) "
-        "VALUES (:h, 4, 'vm-b', NULL, :t)",
+        "INSERT INTO pins (host_id, cpu_id, consumer_seq, guest_vcpu, dedicated) "
+        "VALUES (:h, 4, (SELECT seq FROM consumers WHERE id = 'vm-b'), NULL, :t)",
         h=ids["h1"],
         t=True,
     )
@@ -683,21 +691,22 @@ def test_audit_reports_a_pin_whose_consumer_holds_no_pcpu_allocation(ledger: Led
 
 def test_audit_reports_claims_left_behind_by_a_deleted_consumer(ledger: Ledger) -> None:
     ids = _placed_pair(ledger, ANTI)
+    (gone,) = read(ledger, select(consumers.c.seq).where(consumers.c.id == "vm-a"))[0]
 
     corrupt_without_foreign_keys(
         ledger,
         "DELETE FROM consumers WHERE id = 'vm-a'",
         # A pin on a shared CPU (2) for a live consumer: the pcpus key would refuse it.
-        f"INSERT INTO pins (host_id, cpu_id, consumer_id, guest_vcpu, dedicated) "
-        f"VALUES ({ids['h2']}, 2, 'vm-b', 0, true)",
+        f"INSERT INTO pins (host_id, cpu_id, consumer_seq, guest_vcpu, dedicated) "
+        f"VALUES ({ids['h2']}, 2, (SELECT seq FROM consumers WHERE id = 'vm-b'), 0, true)",
     )
 
     found = violations(ledger)
     assert {
-        "[claim.orphan] allocation held by unknown consumer vm-a",
-        "[claim.orphan] NUMA claim held by unknown consumer vm-a",
-        "[claim.orphan] pin held by unknown consumer vm-a",
-        "[claim.orphan] group slot held by unknown consumer vm-a",
+        f"[claim.orphan] allocation held by unknown consumer key {gone}",
+        f"[claim.orphan] NUMA claim held by unknown consumer key {gone}",
+        f"[claim.orphan] pin held by unknown consumer key {gone}",
+        f"[claim.orphan] group slot held by unknown consumer key {gone}",
         "[pcpu.not_dedicated] h2 pCPU 2 pinned by vm-b is not in cpu_dedicated_set",
         "[pcpu.claim_mismatch] vm-b on h2: PCPU allocation 0 but 1 pinned pCPUs",
     } <= found

@@ -191,23 +191,38 @@ class Snapshot:
                 conn.execute(select(consumers.c.id, consumers.c.host_id)).all()
             )
             self.allocations: dict[str, dict[tuple[int, str], int]] = defaultdict(dict)
-            for c, h, rc, amount in conn.execute(select(allocations)):
+            for c, h, rc, amount in conn.execute(
+                select(
+                    consumers.c.id,
+                    allocations.c.host_id,
+                    allocations.c.resource_class,
+                    allocations.c.amount,
+                ).select_from(
+                    allocations.join(consumers, consumers.c.seq == allocations.c.consumer_seq)
+                )
+            ):
                 self.allocations[c][(h, rc)] = amount
             self.numa: dict[str, set[tuple[int, int]]] = defaultdict(set)
             for c, h, cell in conn.execute(
-                select(numa_claims.c.consumer_id, numa_claims.c.host_id, numa_claims.c.cell_id)
+                select(consumers.c.id, numa_claims.c.host_id, numa_claims.c.cell_id).select_from(
+                    numa_claims.join(consumers, consumers.c.seq == numa_claims.c.consumer_seq)
+                )
             ):
                 self.numa[c].add((h, cell))
             self.pins = conn.execute(
-                select(pins.c.host_id, pins.c.cpu_id, pins.c.consumer_id, pins.c.guest_vcpu)
+                select(
+                    pins.c.host_id, pins.c.cpu_id, consumers.c.id, pins.c.guest_vcpu
+                ).select_from(pins.join(consumers, consumers.c.seq == pins.c.consumer_seq))
             ).all()
             self.slots = conn.execute(
                 select(
                     group_slots.c.group_id,
                     group_slots.c.domain,
                     group_slots.c.slot,
-                    group_slots.c.consumer_id,
+                    consumers.c.id,
                     group_slots.c.host_id,
+                ).select_from(
+                    group_slots.join(consumers, consumers.c.seq == group_slots.c.consumer_seq)
                 )
             ).all()
             self.members: dict[str, set[str]] = defaultdict(set)

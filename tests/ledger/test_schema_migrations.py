@@ -119,26 +119,108 @@ def test_db_upgrade_command_is_idempotent(db_url: str, engine: Engine) -> None:
     assert current(engine) == head(engine)
 
 
+def _claim_by_uuid(
+    engine: Engine, consumer: str, instance: str, host_id: int, kind: str = "instance"
+) -> None:
+    """A pinned claim of 2 pCPUs and 1024 MB on a cell, written as the ledger wrote it
+    before 0009 (its tables keyed by the consumer's UUID): today's code writes 0009's."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        cpus = conn.execute(
+            text(
+                "SELECT p.cpu_id, p.cell_id FROM pcpus p WHERE p.host_id = :h AND p.dedicated "
+                "AND NOT EXISTS (SELECT 1 FROM pins WHERE pins.host_id = p.host_id "
+                "AND pins.cpu_id = p.cpu_id) ORDER BY p.cpu_id LIMIT 2"
+            ),
+            {"h": host_id},
+        ).all()
+        cell = cpus[0].cell_id
+        conn.execute(
+            text(
+                "INSERT INTO consumers (id, kind, instance_id, project_id, user_id, host_id, "
+                "generation, created_at) VALUES (:c, :k, :i, 'p', 'u', :h, 0, 1.0)"
+            ),
+            {"c": consumer, "k": kind, "i": instance, "h": host_id},
+        )
+        for rc, amount in (("PCPU", 2), ("MEMORY_MB", 1024)):
+            conn.execute(
+                text(
+                    "INSERT INTO allocations (consumer_id, host_id, resource_class, amount) "
+                    "VALUES (:c, :h, :rc, :a)"
+                ),
+                {"c": consumer, "h": host_id, "rc": rc, "a": amount},
+            )
+            conn.execute(
+                text(
+                    "UPDATE inventories SET used = used + :a "
+                    "WHERE host_id = :h AND resource_class = :rc"
+                ),
+                {"h": host_id, "rc": rc, "a": amount},
+            )
+        conn.execute(
+            text(
+                "INSERT INTO numa_claims (consumer_id, host_id, cell_id, guest_cell, memory_mb) "
+                "VALUES (:c, :h, :cell, 0, 1024)"
+            ),
+            {"c": consumer, "h": host_id, "cell": cell},
+        )
+        conn.execute(
+            text(
+                "UPDATE cells SET memory_mb_used = memory_mb_used + 1024 "
+                "WHERE host_id = :h AND cell_id = :cell"
+            ),
+            {"h": host_id, "cell": cell},
+        )
+        for vcpu, (cpu, _) in enumerate(cpus):
+            conn.execute(
+                text(
+                    "INSERT INTO pins (host_id, cpu_id, consumer_id, guest_vcpu, dedicated) "
+                    "VALUES (:h, :cpu, :c, :v, :t)"
+                ),
+                {"h": host_id, "cpu": cpu, "c": consumer, "v": vcpu, "t": True},
+            )
+
+
+def _claim_rows(engine: Engine) -> dict[str, set[tuple[Any, ...]]]:
+    """Every claim row, with its consumer named by UUID whatever the revision keys it by."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        keyed = "seq" in {c["name"] for c in inspect(conn).get_columns("consumers")}
+        consumer = "k.id" if keyed else "t.consumer_id"
+        join = " JOIN consumers k ON k.seq = t.consumer_seq" if keyed else ""
+        columns = {
+            "allocations": "t.host_id, t.resource_class, t.amount",
+            "numa_claims": "t.host_id, t.cell_id, t.guest_cell, t.memory_mb",
+            "pins": "t.host_id, t.cpu_id, t.guest_vcpu",
+            "group_slots": "t.group_id, t.domain, t.slot, t.max_per_domain, t.host_id",
+        }
+        rows = {
+            table: {
+                tuple(r)
+                for r in conn.execute(text(f"SELECT {consumer}, {cols} FROM {table} t{join}"))
+            }
+            for table, cols in columns.items()
+        }
+        rows["consumers"] = {
+            tuple(r)
+            for r in conn.execute(
+                text("SELECT id, kind, instance_id, project_id, user_id, host_id FROM consumers")
+            )
+        }
+    return rows
+
+
 def test_a_ledger_with_claims_upgrades_from_the_first_schema_intact(engine: Engine) -> None:
     """Every revision after 0001 applies to a ledger in use: claims and usage survive."""
-    from stowage.domain.claims import Claim
-    from stowage.domain.flavor import Flavor, shape_of
-    from stowage.domain.numa import HostFree, fit_instance
     from stowage.domain.topology import ResourceClass
 
     migrate(engine, "0001")
     ledger = Ledger(engine)
     topology = HostTopology.uniform(cells=2, cores_per_cell=4, threads_per_core=2)
     host_id = ledger.register_host(HostSpec("old-host", topology))
-    # A fresh host has all of it free (no view: today's code reads columns 0001 lacks).
-    free = HostFree(topology.cpu_dedicated_set, {c.id: c.memory_mb for c in topology.cells})
-    shape = shape_of(Flavor("pinned", 2, 1024, 10, {"hw:cpu_policy": "dedicated"}))
-    fit = fit_instance(shape, topology, free)
-    assert not isinstance(fit, str) and hasattr(fit, "cpus")
-    amounts = dict(shape.amounts())
-    amounts[ResourceClass.PCPU] = len(fit.cpus)  # type: ignore[union-attr]
-    outcome = ledger.claim([Claim("vm-old", "vm-old", host_id, amounts, fit)])  # type: ignore[arg-type]
-    assert outcome[0].ok
+    _claim_by_uuid(engine, "vm-old", "vm-old", host_id)
 
     migrate(engine)
 
@@ -149,6 +231,81 @@ def test_a_ledger_with_claims_upgrades_from_the_first_schema_intact(engine: Engi
     assert after.used[ResourceClass.MEMORY_MB] == 1024
     assert ledger.release("vm-old") is True
     assert audit(ledger) == []
+
+
+def test_claims_keyed_by_uuid_are_keyed_by_integer_from_0009_and_back(engine: Engine) -> None:
+    """0009 keys consumers by an integer the claim tables reference: an instance, its move
+    in flight and its group slot upgrade intact, downgrade to the same rows, and the ledger
+    goes on with them (a move completes, new consumers get keys after the old ones)."""
+    from sqlalchemy import text
+
+    from stowage.domain.groups import parse_group
+    from stowage.domain.topology import ResourceClass
+
+    migrate(engine, "0008")
+    ledger = Ledger(engine)
+    topology = HostTopology.uniform(cells=2, cores_per_cell=4, threads_per_core=2)
+    h1 = ledger.register_host(HostSpec("h1", topology))
+    h2 = ledger.register_host(HostSpec("h2", topology))
+    ledger.create_group(parse_group("g-1", "web", "anti-affinity", {}, project_id="p"))
+    _claim_by_uuid(engine, "vm-a", "vm-a", h1)
+    _claim_by_uuid(engine, "mig-a", "vm-a", h2, kind="migration")
+    _claim_by_uuid(engine, "vm-b", "vm-b", h1)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO group_members VALUES ('g-1', 'vm-a')"))
+        conn.execute(
+            text(
+                "INSERT INTO group_slots (group_id, domain, slot, max_per_domain, consumer_id, "
+                "host_id) VALUES ('g-1', 'host=h1', 0, 1, 'vm-a', :h)"
+            ),
+            {"h": h1},
+        )
+    before = _claim_rows(engine)
+    assert {t: len(rows) for t, rows in before.items()} == {
+        "allocations": 6,
+        "numa_claims": 3,
+        "pins": 6,
+        "group_slots": 1,
+        "consumers": 3,
+    }
+
+    migrate(engine)
+    assert _claim_rows(engine) == before
+    assert audit(ledger) == []
+    command.downgrade(alembic_config(url_of(engine)), "0008")
+    assert _claim_rows(engine) == before
+    migrate(engine)
+    assert _claim_rows(engine) == before
+    assert schema_diff(engine) == []
+
+    assert ledger.consumer_host("vm-a") == h1
+    assert ledger.complete_migration("mig-a") is True
+    assert ledger.consumer_host("vm-a") == h2
+    assert ledger.consumer_host("mig-a") is None
+    view = ledger.load_view()
+    assert view.hosts[h1].used[ResourceClass.PCPU] == 2  # vm-b's
+    assert view.hosts[h2].used[ResourceClass.PCPU] == 2
+    assert audit(ledger) == []
+    # A new consumer's key follows the upgraded ones (PostgreSQL's sequence moved on too).
+    _claim_by_uuid_today(ledger, "vm-c", h2)
+    with engine.connect() as conn:
+        keys = {r.id: r.seq for r in conn.execute(text("SELECT id, seq FROM consumers"))}
+    assert keys["vm-c"] > max(keys["vm-a"], keys["vm-b"])
+    assert ledger.release("vm-a") and ledger.release("vm-b") and ledger.release("vm-c")
+    assert audit(ledger) == []
+    assert _claim_rows(engine) == {table: set() for table in before}
+
+
+def _claim_by_uuid_today(ledger: Ledger, consumer: str, host_id: int) -> None:
+    """A plain 1 GiB claim through today's code."""
+    from stowage.domain.claims import Claim
+    from stowage.domain.numa import Fit
+    from stowage.domain.topology import ResourceClass
+
+    outcome = ledger.claim(
+        [Claim(consumer, consumer, host_id, {ResourceClass.MEMORY_MB: 1024}, Fit(()))]
+    )
+    assert outcome[0].ok, outcome
 
 
 def test_a_ledger_in_use_upgrades_from_0005_to_block_storage(engine: Engine) -> None:

@@ -154,7 +154,9 @@ def _ledger_pins(cloud: RunningCloud, consumer_id: str) -> dict[int, int]:
     db = sqlite3.connect(f"file:{cloud.state_dir / 'ledger.db'}?mode=ro", uri=True)
     try:
         rows = db.execute(
-            "SELECT guest_vcpu, cpu_id FROM pins WHERE consumer_id = ?", (consumer_id,)
+            "SELECT guest_vcpu, cpu_id FROM pins "
+            "WHERE consumer_seq = (SELECT seq FROM consumers WHERE id = ?)",
+            (consumer_id,),
         ).fetchall()
     finally:
         db.close()
@@ -718,7 +720,8 @@ def _shelve_claims(cloud: RunningCloud, consumer_id: str) -> dict[str, int]:
     try:
         counts = {
             table: db.execute(
-                f"SELECT count(*) FROM {table} WHERE consumer_id = ?",
+                f"SELECT count(*) FROM {table} "
+                "WHERE consumer_seq = (SELECT seq FROM consumers WHERE id = ?)",
                 (consumer_id,),
             ).fetchone()[0]
             for table in ("allocations", "numa_claims", "pins")

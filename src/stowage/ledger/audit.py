@@ -65,11 +65,11 @@ def _pcpus(conn: Connection, names: dict[int, str]) -> list[Violation]:
             Violation("pcpu.double_pin", f"{names.get(host_id)} pCPU {cpu} held {count} times")
         )
     not_dedicated = conn.execute(
-        select(pins.c.host_id, pins.c.cpu_id, pins.c.consumer_id)
+        select(pins.c.host_id, pins.c.cpu_id, consumers.c.id)
         .select_from(
             pins.outerjoin(
                 pcpus, (pcpus.c.host_id == pins.c.host_id) & (pcpus.c.cpu_id == pins.c.cpu_id)
-            )
+            ).join(consumers, consumers.c.seq == pins.c.consumer_seq)
         )
         .where((pcpus.c.cpu_id.is_(None)) | (pcpus.c.dedicated.is_(False)))
     )
@@ -83,17 +83,17 @@ def _pcpus(conn: Connection, names: dict[int, str]) -> list[Violation]:
     pcpu_alloc = {
         (c, h): a
         for c, h, a in conn.execute(
-            select(allocations.c.consumer_id, allocations.c.host_id, allocations.c.amount).where(
-                allocations.c.resource_class == "PCPU"
-            )
+            select(consumers.c.id, allocations.c.host_id, allocations.c.amount)
+            .select_from(allocations.join(consumers, consumers.c.seq == allocations.c.consumer_seq))
+            .where(allocations.c.resource_class == "PCPU")
         )
     }
     pin_counts = {
         (c, h): n
         for c, h, n in conn.execute(
-            select(pins.c.consumer_id, pins.c.host_id, func.count()).group_by(
-                pins.c.consumer_id, pins.c.host_id
-            )
+            select(consumers.c.id, pins.c.host_id, func.count())
+            .select_from(pins.join(consumers, consumers.c.seq == pins.c.consumer_seq))
+            .group_by(consumers.c.id, pins.c.host_id)
         )
     }
     for key in sorted(set(pcpu_alloc) | set(pin_counts)):
@@ -180,7 +180,7 @@ def _cells(conn: Connection, names: dict[int, str]) -> list[Violation]:
 
 def _orphans(conn: Connection) -> list[Violation]:
     out = []
-    live = select(consumers.c.id)
+    live = select(consumers.c.seq)
     for table, what in (
         (allocations, "allocation"),
         (numa_claims, "NUMA claim"),
@@ -188,12 +188,12 @@ def _orphans(conn: Connection) -> list[Violation]:
         (group_slots, "group slot"),
     ):
         rows = conn.execute(
-            select(table.c.consumer_id).distinct().where(table.c.consumer_id.not_in(live))
+            select(table.c.consumer_seq).distinct().where(table.c.consumer_seq.not_in(live))
         ).scalars()
-        out += [Violation("claim.orphan", f"{what} held by unknown consumer {c}") for c in rows]
+        out += [Violation("claim.orphan", f"{what} held by unknown consumer key {c}") for c in rows]
     misplaced = conn.execute(
-        select(allocations.c.consumer_id, allocations.c.host_id, consumers.c.host_id)
-        .select_from(allocations.join(consumers, consumers.c.id == allocations.c.consumer_id))
+        select(consumers.c.id, allocations.c.host_id, consumers.c.host_id)
+        .select_from(allocations.join(consumers, consumers.c.seq == allocations.c.consumer_seq))
         .where((consumers.c.host_id.is_(None)) | (consumers.c.host_id != allocations.c.host_id))
         .distinct()
     )

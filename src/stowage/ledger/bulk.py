@@ -7,7 +7,8 @@ handful of round trips instead of one per row. Constraints still check every row
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Boolean, Connection, Float, Integer, Table
@@ -46,6 +47,27 @@ class BulkWriter:
         """Insert rows (tuples in `columns` order); returns the rows the database reports."""
         if not rows:
             return 0
+        return self._run(conn, self._insert_sql(table, columns, on_conflict), rows)
+
+    def insert_returning(
+        self,
+        conn: Connection,
+        table: Table,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        returning: str,
+        on_conflict: str = "",
+    ) -> list[tuple[Any, ...]]:
+        """PostgreSQL only (SQLite's `executemany` returns no rows): `insert`, returning
+        the `returning` columns of each row inserted, or updated by `on_conflict`."""
+        assert self.pg
+        if not rows:
+            return []
+        sql = self._insert_sql(table, columns, on_conflict) + f" RETURNING {returning}"
+        with self._pg_cursor(conn, sql, rows) as cursor:
+            return [tuple(r) for r in cursor.fetchall()]
+
+    def _insert_sql(self, table: Table, columns: Sequence[str], on_conflict: str) -> str:
         key = ("insert", table.name, tuple(columns), on_conflict)
         sql = self._sql.get(key)
         if sql is None:
@@ -56,7 +78,7 @@ class BulkWriter:
             else:
                 body = "VALUES (" + ", ".join("?" for _ in columns) + ")"
             sql = self._sql[key] = f"INSERT INTO {table.name} ({names}) {body} {on_conflict}"
-        return self._run(conn, sql, rows)
+        return sql
 
     def add(
         self,
@@ -93,16 +115,24 @@ class BulkWriter:
 
     def _run(self, conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         if self.pg:
-            columns = tuple(list(col) for col in zip(*rows, strict=True))
-            # %b placeholders send arrays in binary, without quoting each element.
-            raw = conn.connection.driver_connection
-            assert raw is not None
-            dbapi = conn.dialect.loaded_dbapi
-            try:
-                with raw.cursor() as cursor:
-                    cursor.execute(sql, columns)
-                    return int(cursor.rowcount)
-            except dbapi.Error as exc:
-                # The same wrapper SQLAlchemy raises for its own statements.
-                raise DBAPIError.instance(sql, columns, exc, dbapi.Error) from exc
+            with self._pg_cursor(conn, sql, rows) as cursor:
+                return int(cursor.rowcount)
         return int(conn.exec_driver_sql(sql, [tuple(r) for r in rows]).rowcount)
+
+    @contextmanager
+    def _pg_cursor(
+        self, conn: Connection, sql: str, rows: Sequence[Sequence[Any]]
+    ) -> Iterator[Any]:
+        """The driver's cursor, having run `sql` over the rows as column arrays."""
+        columns = tuple(list(col) for col in zip(*rows, strict=True))
+        # %b placeholders send arrays in binary, without quoting each element.
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        dbapi = conn.dialect.loaded_dbapi
+        try:
+            with raw.cursor() as cursor:
+                cursor.execute(sql, columns)
+                yield cursor
+        except dbapi.Error as exc:
+            # The same wrapper SQLAlchemy raises for its own statements.
+            raise DBAPIError.instance(sql, columns, exc, dbapi.Error) from exc

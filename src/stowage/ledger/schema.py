@@ -17,12 +17,15 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    select,
 )
+from sqlalchemy.sql.selectable import ScalarSelect
 
 __all__ = [
     "allocations",
     "cells",
     "changes",
+    "consumer_key",
     "consumers",
     "group_members",
     "group_slots",
@@ -113,10 +116,14 @@ inventories = Table(
     ),
 )
 
+# A consumer is named by the API's UUID (`id`) and keyed by `seq`, assigned in insert order:
+# the claim tables reference `seq`, so a batch of new claims appends to the last pages of
+# their keys and indexes instead of landing one random page a claim (each page a WAL frame).
 consumers = Table(
     "consumers",
     metadata,
-    Column("id", String(36), primary_key=True),
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(36), nullable=False, unique=True),
     Column("kind", String(16), nullable=False),  # instance | migration
     Column("instance_id", String(36), nullable=False),  # itself, or the migrating instance
     Column("project_id", String(64), nullable=False, default=""),
@@ -129,17 +136,24 @@ consumers = Table(
     Index("ix_consumers_host_id", "host_id"),
 )
 
+
+def consumer_key(consumer_id: str) -> ScalarSelect[int]:
+    """The `seq` of the consumer named `consumer_id`, to match a claim table's `consumer_seq`
+    against in one statement (NULL, so no match, if there is no such consumer)."""
+    return select(consumers.c.seq).where(consumers.c.id == consumer_id).scalar_subquery()
+
+
 allocations = Table(
     "allocations",
     metadata,
-    Column("consumer_id", String(36), ForeignKey("consumers.id"), nullable=False),
+    Column("consumer_seq", Integer, ForeignKey("consumers.seq"), nullable=False),
     Column("host_id", Integer, nullable=False),
     Column("resource_class", String(64), nullable=False),
     Column("amount", Integer, nullable=False),
     # No foreign key to inventories: the claim's guarded update of (host, class) must touch
     # exactly one row per allocation or the claim is refused, which checks the same thing
     # without a per-row trigger on the hot path.
-    PrimaryKeyConstraint("consumer_id", "host_id", "resource_class"),
+    PrimaryKeyConstraint("consumer_seq", "host_id", "resource_class"),
     CheckConstraint("amount > 0", name="ck_allocations_amount"),
     Index("ix_allocations_host_id", "host_id"),
 )
@@ -147,13 +161,13 @@ allocations = Table(
 numa_claims = Table(
     "numa_claims",
     metadata,
-    Column("consumer_id", String(36), ForeignKey("consumers.id"), nullable=False),
+    Column("consumer_seq", Integer, ForeignKey("consumers.seq"), nullable=False),
     Column("host_id", Integer, nullable=False),
     Column("cell_id", Integer, nullable=False),
     Column("guest_cell", Integer, nullable=False),
     Column("memory_mb", Integer, nullable=False),
     # Likewise the cell's guarded memory update must touch exactly one row per cell claimed.
-    PrimaryKeyConstraint("consumer_id", "host_id", "cell_id"),
+    PrimaryKeyConstraint("consumer_seq", "host_id", "cell_id"),
     Index("ix_numa_claims_host_id", "host_id"),
 )
 
@@ -162,7 +176,7 @@ pins = Table(
     metadata,
     Column("host_id", Integer, nullable=False),
     Column("cpu_id", Integer, nullable=False),
-    Column("consumer_id", String(36), ForeignKey("consumers.id"), nullable=False),
+    Column("consumer_seq", Integer, ForeignKey("consumers.seq"), nullable=False),
     Column("guest_vcpu", Integer, nullable=True),  # NULL: a sibling withheld by isolate
     Column("dedicated", Boolean, nullable=False, default=True),
     # One row per pCPU: a double pin is a duplicate key, whoever writes it.
@@ -172,7 +186,7 @@ pins = Table(
         ["pcpus.host_id", "pcpus.cpu_id", "pcpus.dedicated"],
     ),
     CheckConstraint("dedicated", name="ck_pins_dedicated"),
-    Index("ix_pins_consumer_id", "consumer_id"),
+    Index("ix_pins_consumer_seq", "consumer_seq"),
 )
 
 server_groups = Table(
@@ -208,15 +222,15 @@ group_slots = Table(
     Column("domain", String(255), nullable=False),  # "host=h1" or "rack=r3"
     Column("slot", Integer, nullable=False),
     Column("max_per_domain", Integer, nullable=False),
-    Column("consumer_id", String(36), ForeignKey("consumers.id"), nullable=False),
+    Column("consumer_seq", Integer, ForeignKey("consumers.seq"), nullable=False),
     Column("host_id", Integer, ForeignKey("hosts.id"), nullable=False),
     # Strict anti-affinity as keys: a domain has slots 0..max-1 and each is held once,
     # so one member too many is a duplicate key or a failed check, never a violation.
     PrimaryKeyConstraint("group_id", "domain", "slot"),
-    UniqueConstraint("group_id", "consumer_id", name="uq_group_slots_consumer"),
+    UniqueConstraint("group_id", "consumer_seq", name="uq_group_slots_consumer"),
     CheckConstraint("slot >= 0 AND slot < max_per_domain", name="ck_group_slots_slot"),
     Index("ix_group_slots_host_id", "host_id"),
-    Index("ix_group_slots_consumer_id", "consumer_id"),
+    Index("ix_group_slots_consumer_seq", "consumer_seq"),
 )
 
 # Which hosts changed, in commit order as seen by readers: schedulers refresh their view

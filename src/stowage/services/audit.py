@@ -78,7 +78,9 @@ def _instances_against_claims(
     }
     amounts: dict[str, dict[str, int]] = defaultdict(dict)
     for consumer_id, resource, amount in conn.execute(
-        select(allocations.c.consumer_id, allocations.c.resource_class, allocations.c.amount)
+        select(consumers.c.id, allocations.c.resource_class, allocations.c.amount).select_from(
+            allocations.join(consumers, consumers.c.seq == allocations.c.consumer_seq)
+        )
     ):
         amounts[consumer_id][resource] = amounts[consumer_id].get(resource, 0) + int(amount)
     found = []

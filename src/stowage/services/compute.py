@@ -16,7 +16,7 @@ from stowage.domain.flavor import Flavor, InstanceShape, shape_of
 from stowage.ledger.db import READONLY
 from stowage.ledger.ledger import ClaimRefused
 from stowage.ledger.operations import Operation
-from stowage.ledger.schema import consumers, hosts, numa_claims, pins
+from stowage.ledger.schema import consumer_key, consumers, hosts, numa_claims, pins
 from stowage.scheduling.framework import Request
 from stowage.services import networks, quotas
 from stowage.services.cloud import Cloud
@@ -784,12 +784,12 @@ def instance_topology(cloud: Cloud, instance_id: str) -> list[dict[str, Any]]:
     with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
         cells = conn.execute(
             select(numa_claims.c.cell_id, numa_claims.c.guest_cell, numa_claims.c.memory_mb)
-            .where(numa_claims.c.consumer_id == instance_id)
+            .where(numa_claims.c.consumer_seq == consumer_key(instance_id))
             .order_by(numa_claims.c.guest_cell)
         ).all()
         pinned = conn.execute(
             select(pins.c.cpu_id, pins.c.guest_vcpu).where(
-                pins.c.consumer_id == instance_id, pins.c.guest_vcpu.is_not(None)
+                pins.c.consumer_seq == consumer_key(instance_id), pins.c.guest_vcpu.is_not(None)
             )
         ).all()
         host_row = conn.execute(

@@ -63,7 +63,14 @@ from stowage.domain.errors import NotFound
 from stowage.domain.topology import ResourceClass
 from stowage.ledger.db import READONLY
 from stowage.ledger.operations import Operation, OperationEnded, Operations
-from stowage.ledger.schema import allocations, consumers, hosts, numa_claims, pins
+from stowage.ledger.schema import (
+    allocations,
+    consumer_key,
+    consumers,
+    hosts,
+    numa_claims,
+    pins,
+)
 from stowage.services.cloud import Cloud
 from stowage.services.guest_spec import guest_payload
 from stowage.services.instances import write_instance
@@ -141,17 +148,17 @@ def claim_of(cloud: Cloud, consumer_id: str) -> dict[str, Any] | None:
             return None
         pinned = conn.execute(
             select(pins.c.guest_vcpu, pins.c.cpu_id).where(
-                pins.c.consumer_id == consumer_id, pins.c.guest_vcpu.is_not(None)
+                pins.c.consumer_seq == consumer_key(consumer_id), pins.c.guest_vcpu.is_not(None)
             )
         ).all()
         cells = conn.execute(
             select(numa_claims.c.cell_id)
-            .where(numa_claims.c.consumer_id == consumer_id)
+            .where(numa_claims.c.consumer_seq == consumer_key(consumer_id))
             .order_by(numa_claims.c.guest_cell)
         ).scalars()
         memory = conn.execute(
             select(allocations.c.amount).where(
-                allocations.c.consumer_id == consumer_id,
+                allocations.c.consumer_seq == consumer_key(consumer_id),
                 allocations.c.resource_class == ResourceClass.MEMORY_MB.value,
             )
         ).scalar()

@@ -17,6 +17,7 @@ from stowage.ledger.objects import Document
 from stowage.ledger.schema import (
     cells,
     changes,
+    consumer_key,
     consumers,
     group_slots,
     hosts,
@@ -145,11 +146,11 @@ def host_cards(cloud: Cloud) -> list[HostCard]:
             select(
                 pins.c.host_id,
                 pins.c.cpu_id,
-                pins.c.consumer_id,
+                consumers.c.id,
                 consumers.c.kind,
                 consumers.c.instance_id,
                 pins.c.guest_vcpu,
-            ).select_from(pins.join(consumers, consumers.c.id == pins.c.consumer_id))
+            ).select_from(pins.join(consumers, consumers.c.seq == pins.c.consumer_seq))
         ):
             held[(host_id, cpu_id)] = (consumer_id, kind, instance_id, vcpu is None)
         memory: dict[tuple[int, int], tuple[int, int]] = {
@@ -263,24 +264,24 @@ def server_claim(cloud: Cloud, instance_id: str) -> ServerClaim:
     names = {h.id: h.name for h in read_hosts(cloud)}
     with cloud.ledger.engine.connect().execution_options(**READONLY) as conn, conn.begin():
         rows = conn.execute(
-            select(consumers.c.id, consumers.c.kind, consumers.c.host_id).where(
+            select(consumers.c.id, consumers.c.seq, consumers.c.kind, consumers.c.host_id).where(
                 consumers.c.instance_id == instance_id
             )
         ).all()
         own = next((r for r in rows if r.kind == "instance"), None)
         cell_rows = conn.execute(
             select(numa_claims.c.cell_id, numa_claims.c.guest_cell, numa_claims.c.memory_mb)
-            .where(numa_claims.c.consumer_id == instance_id)
+            .where(numa_claims.c.consumer_seq == consumer_key(instance_id))
             .order_by(numa_claims.c.guest_cell)
         ).all()
         pin_rows = conn.execute(
             select(pins.c.guest_vcpu, pins.c.cpu_id)
-            .where(pins.c.consumer_id == instance_id, pins.c.guest_vcpu.is_not(None))
+            .where(pins.c.consumer_seq == consumer_key(instance_id), pins.c.guest_vcpu.is_not(None))
             .order_by(pins.c.guest_vcpu)
         ).all()
         slot_rows = conn.execute(
             select(group_slots.c.group_id, group_slots.c.domain, group_slots.c.slot).where(
-                group_slots.c.consumer_id == instance_id
+                group_slots.c.consumer_seq == consumer_key(instance_id)
             )
         ).all()
         incoming = []
@@ -288,7 +289,7 @@ def server_claim(cloud: Cloud, instance_id: str) -> ServerClaim:
             if row.kind != "migration" or row.host_id is None:
                 continue
             cpus = conn.execute(
-                select(pins.c.cpu_id).where(pins.c.consumer_id == row.id).order_by(pins.c.cpu_id)
+                select(pins.c.cpu_id).where(pins.c.consumer_seq == row.seq).order_by(pins.c.cpu_id)
             ).scalars()
             incoming.append((row.id, names.get(row.host_id, "?"), tuple(cpus)))
     actions = sorted(

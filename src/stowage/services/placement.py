@@ -783,7 +783,7 @@ class PlacementStore:
         return provider, self._allocations(hosts.c.uuid == uuid)
 
     def consumer_allocations(self, consumer_id: str) -> list[Allocation]:
-        return self._allocations(allocations.c.consumer_id == consumer_id)
+        return self._allocations(consumers.c.id == consumer_id)
 
     def project_allocations(self, project_id: str, user_id: str | None) -> list[Allocation]:
         where = consumers.c.project_id == project_id
@@ -794,7 +794,7 @@ class PlacementStore:
     def _allocations(self, where: Any) -> list[Allocation]:
         query = (
             select(
-                allocations.c.consumer_id,
+                consumers.c.id.label("consumer_id"),
                 hosts.c.uuid,
                 hosts.c.generation,
                 allocations.c.resource_class,
@@ -806,11 +806,11 @@ class PlacementStore:
             )
             .select_from(
                 allocations.join(hosts, hosts.c.id == allocations.c.host_id).join(
-                    consumers, consumers.c.id == allocations.c.consumer_id
+                    consumers, consumers.c.seq == allocations.c.consumer_seq
                 )
             )
             .where(where)
-            .order_by(allocations.c.consumer_id, hosts.c.id, allocations.c.resource_class)
+            .order_by(consumers.c.id, hosts.c.id, allocations.c.resource_class)
         )
         with self.engine.connect().execution_options(**READONLY) as conn, conn.begin():
             return [

@@ -151,7 +151,7 @@ def expected_on_host(ledger: Ledger, host_name: str) -> dict[str, Expected]:
             consumers.outerjoin(
                 pins,
                 and_(
-                    pins.c.consumer_id == consumers.c.id,
+                    pins.c.consumer_seq == consumers.c.seq,
                     pins.c.host_id == consumers.c.host_id,
                     pins.c.guest_vcpu.is_not(None),
                 ),

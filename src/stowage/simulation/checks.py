@@ -269,9 +269,9 @@ def check_hypervisors_match_ledger(s: Subject) -> list[Violation]:
     with s.cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
         pinned: dict[str, dict[int, int]] = defaultdict(dict)
         for consumer_id, cpu, vcpu in conn.execute(
-            select(pins.c.consumer_id, pins.c.cpu_id, pins.c.guest_vcpu).where(
-                pins.c.guest_vcpu.is_not(None)
-            )
+            select(consumers.c.id, pins.c.cpu_id, pins.c.guest_vcpu)
+            .select_from(pins.join(consumers, consumers.c.seq == pins.c.consumer_seq))
+            .where(pins.c.guest_vcpu.is_not(None))
         ):
             pinned[consumer_id][int(vcpu)] = int(cpu)
     for host, driver in sorted(s.drivers.items()):

@@ -138,14 +138,7 @@ class Claims(Groups):
         if len({c.consumer_id for c in batch}) != len(batch):
             raise _Refusal(RefusalCode.CONSUMER_PLACED, "the batch names one consumer twice")
         self._lock_groups(conn, {g for c in batch for g in c.affinity_groups})
-        instances = [_consumer_row(c, now) for c in batch if c.kind is ConsumerKind.INSTANCE]
-        migrations = [_consumer_row(c, now) for c in batch if c.kind is ConsumerKind.MIGRATION]
-        placed = self._place_consumers(conn, instances)
-        if placed != len(instances):
-            raise _Refusal(
-                RefusalCode.CONSUMER_PLACED, "the instance already holds a claim on a host"
-            )
-        bulk.insert(conn, consumers, _CONSUMER_COLUMNS, migrations)
+        seq = self._place_consumers(conn, batch, now)
         members = {(g, c.instance_id) for c in batch for g in c.member_of}
         bulk.insert(
             conn,
@@ -172,8 +165,12 @@ class Claims(Groups):
         bulk.insert(
             conn,
             allocations,
-            ("consumer_id", "host_id", "resource_class", "amount"),
-            [(c.consumer_id, c.host_id, rc.value, a) for c in batch for rc, a in c.amounts.items()],
+            ("consumer_seq", "host_id", "resource_class", "amount"),
+            [
+                (seq[c.consumer_id], c.host_id, rc.value, a)
+                for c in batch
+                for rc, a in c.amounts.items()
+            ],
         )
         cell_memory: dict[tuple[int, int], int] = {}
         numa_rows = []
@@ -182,7 +179,7 @@ class Claims(Groups):
                 key = (c.host_id, cell.host_cell)
                 cell_memory[key] = cell_memory.get(key, 0) + cell.memory_mb
                 numa_rows.append(
-                    (c.consumer_id, c.host_id, cell.host_cell, cell.guest_cell, cell.memory_mb)
+                    (seq[c.consumer_id], c.host_id, cell.host_cell, cell.guest_cell, cell.memory_mb)
                 )
         changed = bulk.add(
             conn,
@@ -196,15 +193,15 @@ class Claims(Groups):
         bulk.insert(
             conn,
             numa_claims,
-            ("consumer_id", "host_id", "cell_id", "guest_cell", "memory_mb"),
+            ("consumer_seq", "host_id", "cell_id", "guest_cell", "memory_mb"),
             numa_rows,
         )
         bulk.insert(
             conn,
             pins,
-            ("host_id", "cpu_id", "consumer_id", "guest_vcpu", "dedicated"),
+            ("host_id", "cpu_id", "consumer_seq", "guest_vcpu", "dedicated"),
             sorted(
-                (c.host_id, cpu, c.consumer_id, vcpu, True)
+                (c.host_id, cpu, seq[c.consumer_id], vcpu, True)
                 for c in batch
                 for cell in c.fit.cells
                 for cpu, vcpu in _pins_with_withheld(cell.pins, cell.withheld)
@@ -213,9 +210,9 @@ class Claims(Groups):
         bulk.insert(
             conn,
             group_slots,
-            ("group_id", "domain", "slot", "max_per_domain", "consumer_id", "host_id"),
+            ("group_id", "domain", "slot", "max_per_domain", "consumer_seq", "host_id"),
             sorted(
-                (s.group_id, s.domain, s.slot, s.max_per_domain, c.consumer_id, c.host_id)
+                (s.group_id, s.domain, s.slot, s.max_per_domain, seq[c.consumer_id], c.host_id)
                 for c in batch
                 for s in c.slots
             ),
@@ -224,31 +221,68 @@ class Claims(Groups):
             for group_id in claim.affinity_groups:
                 self._check_affinity(conn, group_id, claim)
 
-    def _place_consumers(self, conn: Connection, rows: list[tuple[Any, ...]]) -> int:
-        """Insert instance consumers, or place known ones that hold no host; returns how many.
+    def _place_consumers(
+        self, conn: Connection, batch: Sequence[Claim], now: float
+    ) -> dict[str, int]:
+        """Insert the batch's consumers, or place known instances that hold no host.
 
-        A consumer already placed is neither inserted nor counted, so the caller refuses.
+        Returns each consumer's key by its id. An instance already placed is neither
+        inserted nor placed again, and refuses the batch.
         """
-        if self._pg or not rows:
-            return self._bulk.insert(
-                conn, consumers, _CONSUMER_COLUMNS, rows, on_conflict=_REPLACE_IF_UNPLACED
+        instances = [_consumer_row(c, now) for c in batch if c.kind is ConsumerKind.INSTANCE]
+        migrations = [_consumer_row(c, now) for c in batch if c.kind is ConsumerKind.MIGRATION]
+        if self._pg:
+            returned = self._bulk.insert_returning(
+                conn, consumers, _CONSUMER_COLUMNS, instances, "id, seq", _REPLACE_IF_UNPLACED
             )
+            placed = len(returned)
+            returned += self._bulk.insert_returning(
+                conn, consumers, _CONSUMER_COLUMNS, migrations, "id, seq"
+            )
+            seq = dict(returned)
+        else:
+            placed, seq = self._sqlite_place_consumers(conn, instances, migrations)
+        if placed != len(instances):
+            raise _Refusal(
+                RefusalCode.CONSUMER_PLACED, "the instance already holds a claim on a host"
+            )
+        return seq
+
+    def _sqlite_place_consumers(
+        self, conn: Connection, instances: list[tuple[Any, ...]], migrations: list[tuple[Any, ...]]
+    ) -> tuple[int, dict[str, int]]:
+        """SQLite's half of `_place_consumers`: how many instances were placed, and the keys.
+
+        The transaction holds the writer lock from its BEGIN, so the keys after the largest
+        are the batch's to give: its new consumers get them in order, and only a known
+        consumer's key has to be read back.
+        """
+        last = conn.exec_driver_sql("SELECT coalesce(max(seq), 0) FROM consumers").scalar_one()
+        keyed = [(last + i, *row) for i, row in enumerate((*instances, *migrations), start=1)]
+        seq = {row[1]: row[0] for row in keyed}
+        columns = ("seq", *_CONSUMER_COLUMNS)
         # SQLite runs an upsert's DO UPDATE with foreign-key scans of every table that
         # references consumers, for every row (about 15 us a row at 10,000 hosts): the same
         # claim as an insert of the new ones, then an update of the known unplaced ones, costs
         # a third, and the update runs only when a consumer was known (a new consumer is
         # inserted placed, so the update cannot touch it). Both run under the writer lock, so
         # nothing comes between them.
-        inserted = self._bulk.insert(
-            conn, consumers, _CONSUMER_COLUMNS, rows, on_conflict="ON CONFLICT DO NOTHING"
+        placed = self._bulk.insert(
+            conn, consumers, columns, keyed[: len(instances)], on_conflict="ON CONFLICT DO NOTHING"
         )
-        if inserted == len(rows):
-            return inserted
-        return inserted + int(
+        self._bulk.insert(conn, consumers, columns, keyed[len(instances) :])
+        if placed == len(instances):
+            return placed, seq
+        placed += int(
             conn.exec_driver_sql(
-                _SQLITE_PLACE_UNPLACED, [(row[5], row[0]) for row in rows]
+                _SQLITE_PLACE_UNPLACED, [(row[5], row[0]) for row in instances]
             ).rowcount
         )
+        known = select(consumers.c.id, consumers.c.seq).where(
+            consumers.c.id.in_([row[0] for row in instances])
+        )
+        seq.update({r.id: r.seq for r in conn.execute(known)})
+        return placed, seq
 
     def release(
         self,
@@ -279,36 +313,39 @@ class Claims(Groups):
         """The instance stays: the destination's claims go with the migration."""
         return self.release(migration_id, forget=True, also=also)
 
-    def _held_hosts(self, conn: Connection, consumer_ids: Sequence[str]) -> set[int]:
+    def _held_hosts(self, conn: Connection, seqs: Sequence[int]) -> set[int]:
         found = conn.execute(
             select(allocations.c.host_id)
-            .where(allocations.c.consumer_id.in_(consumer_ids))
+            .where(allocations.c.consumer_seq.in_(seqs))
             .union(
-                select(pins.c.host_id).where(pins.c.consumer_id.in_(consumer_ids)),
-                select(group_slots.c.host_id).where(group_slots.c.consumer_id.in_(consumer_ids)),
+                select(pins.c.host_id).where(pins.c.consumer_seq.in_(seqs)),
+                select(group_slots.c.host_id).where(group_slots.c.consumer_seq.in_(seqs)),
             )
         ).scalars()
         return {int(h) for h in found}
 
     def _release(self, conn: Connection, consumer_id: str, *, forget: bool) -> bool:
-        held = self._held_hosts(conn, [consumer_id])
+        seq = _seq_of(conn, consumer_id)
+        if seq is None:
+            return False
+        held = self._held_hosts(conn, [seq])
         if held:
             self._lock_hosts(conn, held)
-        released = self._drop_claims(conn, consumer_id)
+        released = self._drop_claims(conn, seq)
         if forget:
-            gone = conn.execute(delete(consumers).where(consumers.c.id == consumer_id)).rowcount
+            gone = conn.execute(delete(consumers).where(consumers.c.seq == seq)).rowcount
         else:
             gone = conn.execute(
                 update(consumers)
-                .where(consumers.c.id == consumer_id, consumers.c.host_id.is_not(None))
+                .where(consumers.c.seq == seq, consumers.c.host_id.is_not(None))
                 .values(host_id=None, generation=consumers.c.generation + 1)
             ).rowcount
         return released or gone > 0
 
-    def _drop_claims(self, conn: Connection, consumer_id: str) -> bool:
+    def _drop_claims(self, conn: Connection, seq: int) -> bool:
         freed = conn.execute(
             delete(allocations)
-            .where(allocations.c.consumer_id == consumer_id)
+            .where(allocations.c.consumer_seq == seq)
             .returning(allocations.c.host_id, allocations.c.resource_class, allocations.c.amount)
         ).all()
         self._bulk.add(
@@ -320,7 +357,7 @@ class Claims(Groups):
         )
         cells_freed = conn.execute(
             delete(numa_claims)
-            .where(numa_claims.c.consumer_id == consumer_id)
+            .where(numa_claims.c.consumer_seq == seq)
             .returning(numa_claims.c.host_id, numa_claims.c.cell_id, numa_claims.c.memory_mb)
         ).all()
         per_cell: dict[tuple[int, int], int] = {}
@@ -333,36 +370,36 @@ class Claims(Groups):
             "memory_mb_used",
             [(h, cell, m) for (h, cell), m in sorted(per_cell.items())],
         )
-        pins_freed = conn.execute(delete(pins).where(pins.c.consumer_id == consumer_id)).rowcount
+        pins_freed = conn.execute(delete(pins).where(pins.c.consumer_seq == seq)).rowcount
         slots_freed = conn.execute(
-            delete(group_slots).where(group_slots.c.consumer_id == consumer_id)
+            delete(group_slots).where(group_slots.c.consumer_seq == seq)
         ).rowcount
         return bool(freed or cells_freed or pins_freed or slots_freed)
 
     def _complete(self, conn: Connection, migration_id: str) -> bool:
         row = conn.execute(
-            select(consumers.c.instance_id, consumers.c.host_id).where(
+            select(consumers.c.seq, consumers.c.instance_id, consumers.c.host_id).where(
                 consumers.c.id == migration_id, consumers.c.kind == ConsumerKind.MIGRATION.value
             )
         ).first()
         if row is None:
             return False
-        instance_id, dest = row
-        held = self._held_hosts(conn, [instance_id, migration_id])
+        migration, instance_id, dest = row
+        instance = _seq_of(conn, instance_id)
+        held = self._held_hosts(conn, [migration] if instance is None else [instance, migration])
         self._lock_hosts(conn, held | ({dest} if dest is not None else set()))
-        self._drop_claims(conn, instance_id)
+        if instance is not None:
+            self._drop_claims(conn, instance)
         for table in (allocations, numa_claims, pins, group_slots):
             conn.execute(
-                update(table)
-                .where(table.c.consumer_id == migration_id)
-                .values(consumer_id=instance_id)
+                update(table).where(table.c.consumer_seq == migration).values(consumer_seq=instance)
             )
         conn.execute(
             update(consumers)
-            .where(consumers.c.id == instance_id)
+            .where(consumers.c.seq == instance)
             .values(host_id=dest, generation=consumers.c.generation + 1)
         )
-        conn.execute(delete(consumers).where(consumers.c.id == migration_id))
+        conn.execute(delete(consumers).where(consumers.c.seq == migration))
         return True
 
     def consumer_host(self, consumer_id: str) -> int | None:
@@ -402,6 +439,12 @@ _REPLACE_IF_UNPLACED = (
 _SQLITE_PLACE_UNPLACED = (
     "UPDATE consumers SET host_id = ?, generation = generation + 1 WHERE id = ? AND host_id IS NULL"
 )
+
+
+def _seq_of(conn: Connection, consumer_id: str) -> int | None:
+    """The key of the consumer with this id, if the ledger knows it."""
+    found = conn.execute(select(consumers.c.seq).where(consumers.c.id == consumer_id)).scalar()
+    return None if found is None else int(found)
 
 
 def _consumer_row(claim: Claim, now: float) -> tuple[Any, ...]:
