@@ -17,8 +17,10 @@ handlers run in worker threads), the least of five equal batches; with `--calls`
 function calls (Python's and C's) per request instead, counted by a profile hook in every
 thread (which slows everything down: its CPU figures are not the API's). The calls do not
 move with the machine's load, so they compare two checkouts on a busy machine; the CPU
-figures do, a little. With `--statements`, also the ledger's statements and transactions
-(BEGINs) per request, and where each request's statements are made.
+figures do, a little. Logs are not configured (the access line is dropped at its level
+check) unless `--access-log`, which renders them as `stowage up` does. With `--statements`,
+also the ledger's statements and transactions (BEGINs) per request, and where each request's
+statements are made.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from stowage.api.app import create_app
 from stowage.domain.keystone import password_login
 from stowage.ledger import Ledger
 from stowage.services.cloud import Cloud, CloudConfig, bootstrap
+from stowage.telemetry import configure_logging
 
 App = Any
 Headers = list[tuple[str, str]]
@@ -247,7 +250,14 @@ def main() -> None:
     parser.add_argument(
         "--statements", action="store_true", help="count the ledger's statements per request too"
     )
+    parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log as `stowage up` does (key=value lines at info), here to /dev/null",
+    )
     args = parser.parse_args()
+    if args.access_log:
+        configure_logging("kv", "info", process="api", stream=open(os.devnull, "w"))  # noqa: SIM115
     calls = Calls()
     if args.calls:
         calls.install()
