@@ -135,7 +135,9 @@ def record_action(
         instance_id, action, ctx_user, ctx_project, request_id, result=result, message=message
     )
     if conn is not None:
-        cloud.objects.create_each_in(conn, [new])
+        cloud.objects.create_in(
+            conn, new.kind, new.id, new.body, project_id=new.project_id, name=action
+        )
     else:
         cloud.objects.create(new.kind, new.id, new.body, project_id=new.project_id, name=action)
 
