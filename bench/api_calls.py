@@ -17,27 +17,35 @@ handlers run in worker threads), the least of five equal batches; with `--calls`
 function calls (Python's and C's) per request instead, counted by a profile hook in every
 thread (which slows everything down: its CPU figures are not the API's). The calls do not
 move with the machine's load, so they compare two checkouts on a busy machine; the CPU
-figures do, a little.
+figures do, a little. Logs are not configured (the access line is dropped at its level
+check) unless `--access-log`, which renders them as `stowage up` does. With `--statements`,
+also the ledger's statements and transactions (BEGINs) per request, and where each request's
+statements are made.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy import event
 
 import stowage
 from stowage.api.app import create_app
 from stowage.domain.keystone import password_login
 from stowage.ledger import Ledger
 from stowage.services.cloud import Cloud, CloudConfig, bootstrap
+from stowage.telemetry import configure_logging
 
 App = Any
 Headers = list[tuple[str, str]]
@@ -57,6 +65,31 @@ class Calls:
     def install(self) -> None:
         sys.setprofile(self.hook)
         threading.setprofile(self.hook)  # worker threads started from now on
+
+
+class Statements:
+    """Counts the ledger's statements and transactions while `on`, by kind and by place."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.kinds: collections.Counter[str] = collections.Counter()
+        self.places: collections.Counter[str] = collections.Counter()
+
+    def install(self, ledger: Ledger) -> None:
+        event.listen(ledger.engine, "before_cursor_execute", self.count)
+
+    def count(self, *args: Any) -> None:
+        if not self.on:
+            return
+        word = args[2].split()[0].upper()
+        self.kinds[word] += 1
+        frames = [
+            f
+            for f in traceback.extract_stack()
+            if "/stowage/" in f.filename and "/ledger/" not in f.filename
+        ]
+        where = " / ".join(f"{f.name}:{f.lineno}" for f in frames[-2:])
+        self.places[f"{word.lower()} at {where}"] += 1
 
 
 async def call(
@@ -102,9 +135,12 @@ async def call(
     return out
 
 
-async def measure(args: argparse.Namespace, calls: Calls) -> dict[str, float]:
+async def measure(
+    args: argparse.Namespace, calls: Calls, statements: Statements
+) -> dict[str, float]:
     work = Path(tempfile.mkdtemp(prefix="stowage-bench-api-calls-"))
     ledger = Ledger.open(f"sqlite:///{work / 'ledger.db'}")
+    statements.install(ledger)
     cloud = Cloud(CloudConfig(state_dir=work / "state", hosts=4), ledger)
     bootstrap(cloud)
     app = create_app(cloud)
@@ -136,8 +172,17 @@ async def measure(args: argparse.Namespace, calls: Calls) -> dict[str, float]:
         answer = await call(app, "POST", "/compute/v2.1/servers", headers, create_body())
         assert answer["status"] == 202, answer
 
+    def also(path: str) -> Any:
+        async def request() -> None:
+            answer = await call(app, "GET", path, [*headers, ("X-Subject-Token", token)])
+            assert answer["status"] == 200, answer
+
+        return request
+
     figures: dict[str, float] = {}
-    for name, request, total in (("get", get, args.gets), ("create", create, args.creates)):
+    measured = [("get", get, args.gets), ("create", create, args.creates)]
+    measured += [(f"GET {path}", also(path), args.gets) for path in args.also]
+    for name, request, total in measured:
         await request()  # warm: routes built, statements compiled
         per_batch = max(1, total // 5)
         best = float("inf")
@@ -153,6 +198,18 @@ async def measure(args: argparse.Namespace, calls: Calls) -> dict[str, float]:
                 await request()
             calls.on = False
             figures[f"{name}_calls"] = calls.count / per_batch
+        if args.statements:
+            statements.kinds.clear()
+            statements.places.clear()
+            statements.on = True
+            for _ in range(per_batch):
+                await request()
+            statements.on = False
+            kinds = statements.kinds
+            figures[f"{name}_transactions"] = kinds["BEGIN"] / per_batch
+            figures[f"{name}_statements"] = (sum(kinds.values()) - kinds["BEGIN"]) / per_batch
+            for where, count in statements.places.most_common():
+                print(f"{name}: {count / per_batch:5.2f} {where}")
     if args.detail:
         listed = await call(app, "GET", "/compute/v2.1/servers", headers)
         have = len(json.loads(listed["body"])["servers"])
@@ -182,13 +239,31 @@ def main() -> None:
     parser.add_argument("--creates", type=int, default=300)
     parser.add_argument("--detail", type=int, default=0, help="servers in the detail list")
     parser.add_argument("--calls", action="store_true", help="count calls per request instead")
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="another authenticated GET to measure as the first (the token in X-Subject-Token "
+        "too, for GET /identity/v3/auth/tokens), e.g. /networking/v2.0/ports",
+    )
+    parser.add_argument(
+        "--statements", action="store_true", help="count the ledger's statements per request too"
+    )
+    parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log as `stowage up` does (key=value lines at info), here to /dev/null",
+    )
     args = parser.parse_args()
+    if args.access_log:
+        configure_logging("kv", "info", process="api", stream=open(os.devnull, "w"))  # noqa: SIM115
     calls = Calls()
     if args.calls:
         calls.install()
     print(f"stowage imported from {Path(stowage.__file__).parent}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the start", flush=True)
-    figures = asyncio.run(measure(args, calls))
+    figures = asyncio.run(measure(args, calls, Statements()))
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     if args.calls:
         print(
@@ -199,6 +274,16 @@ def main() -> None:
         print(
             f"CPU per GET /flavors/1: {figures['get_cpu_ms']:.3f} ms; "
             f"per POST /servers: {figures['create_cpu_ms']:.3f} ms"
+        )
+    for path in args.also:
+        name = f"GET {path}"
+        print(f"{name}: CPU {figures[f'{name}_cpu_ms']:.3f} ms", end="")
+        print(f", {figures[f'{name}_calls']:.0f} function calls" if args.calls else "")
+    if args.statements:
+        print(
+            f"statements (transactions) per GET /flavors/1: {figures['get_statements']:.1f} "
+            f"({figures['get_transactions']:.1f}); per POST /servers: "
+            f"{figures['create_statements']:.1f} ({figures['create_transactions']:.1f})"
         )
     if args.detail:
         print(

@@ -1,25 +1,34 @@
-"""The compute API's routers may be included in any order (the busiest first and the version
-documents last, for speed: api/compute/__init__.py): no two of them serve the same method and
-path."""
+"""The compute, identity and network APIs' routers may be included in any order (the busiest
+first and the version documents last, for speed: api/compute/__init__.py): no two of them serve
+the same method and path."""
 
 from __future__ import annotations
 
 import re
+from types import ModuleType
 
+import pytest
+from fastapi import APIRouter
 from starlette.routing import compile_path
 
-from stowage.api.compute import _ROUTERS, discovery
+from stowage.api import compute, identity, network
 
 
-def test_no_two_compute_routers_serve_the_same_request() -> None:
-    routers = [(module.__name__, module.router, "/v2.1") for module in _ROUTERS]
-    routers.append(("discovery", discovery, ""))
+@pytest.mark.parametrize(
+    ("api", "prefix", "least"),
+    [(compute, "/v2.1", 100), (identity, "", 100), (network, "/v2.0", 80)],
+)
+def test_no_two_routers_serve_the_same_request(api: ModuleType, prefix: str, least: int) -> None:
+    routers: list[tuple[str, APIRouter, str]] = [
+        (module.__name__, module.router, prefix) for module in api._ROUTERS
+    ]
+    routers.append(("discovery", api.discovery, ""))
     routes = [
         (name, prefix + route.path, compile_path(prefix + route.path)[0], set(route.methods or ()))
         for name, router, prefix in routers
         for route in router.routes
     ]
-    assert len(routes) > 100
+    assert len(routes) > least
     shared = []
     for module, path, _, methods in routes:
         sample = re.sub(r"\{[^}]+\}", "x0", path)  # a request this route serves

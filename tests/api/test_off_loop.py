@@ -151,3 +151,34 @@ async def _upload_and_read_back(app: object, password: str) -> None:
         assert (shown["status"], shown["size"]) == ("active", len(data))
         saved = await client.get(f"/image/v2/images/{image_id}/file", headers=headers)
         assert saved.content == data
+
+
+def test_to_thread_in_an_off_loop_handler_runs_in_its_own_thread() -> None:
+    """A handler in a worker thread that awaits `asyncio.to_thread` gets its function run in
+    place, its value or its exception handed back, and no other thread started; an explicit
+    executor is still used."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stowage.api.common import _thread_loop
+
+    def failing() -> None:
+        raise KeyError("inside")
+
+    async def handler() -> tuple[int, int, int]:
+        here = await asyncio.to_thread(threading.get_ident)
+        with pytest.raises(KeyError, match="inside"):
+            await asyncio.to_thread(failing)
+        with ThreadPoolExecutor(1) as pool:
+            there = await asyncio.get_running_loop().run_in_executor(pool, threading.get_ident)
+        return threading.get_ident(), here, there
+
+    seen: list[tuple[int, int, int]] = []
+    worker = threading.Thread(
+        target=lambda: seen.append(_thread_loop().run_until_complete(handler()))
+    )
+    before = threading.active_count()
+    worker.start()
+    worker.join()
+    ((mine, here, there),) = seen
+    assert here == mine and there != mine
+    assert threading.active_count() == before

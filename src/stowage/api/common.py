@@ -10,7 +10,7 @@ import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -299,6 +299,8 @@ async def json_body(request: Request, *, required: bool = True) -> Any:
 # -- handlers off the event loop ----------------------------------------------------------
 
 _THREAD = threading.local()
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 Endpoint = Callable[..., Any]
 
 
@@ -351,47 +353,47 @@ def _in_worker_thread(endpoint: Endpoint) -> Endpoint:
     return call
 
 
-class _InThisThread(concurrent.futures.ThreadPoolExecutor):
-    """A worker thread's loop's default executor: `asyncio.to_thread` in a handler that
-    already runs off the event loop calls its function right here, in the same worker thread.
+class _WorkerLoop(asyncio.SelectorEventLoop):
+    """A worker thread's own event loop, whose default executor is the thread itself:
+    `asyncio.to_thread` in a handler that already runs off the event loop calls its function
+    right here and hands back a finished future.
 
     A handler's `await asyncio.to_thread(...)` keeps the API's loop free when the handler
     runs on it; off it, the same call would hand the work to yet another thread (each worker
     thread's loop started a pool of its own) and wait for it: a thread start and two GIL
-    hand-overs per call, a tenth of `POST /servers`'s samples, for no gain. The thread is
-    blocked either way, as it was while it waited."""
+    hand-overs per call, a tenth of `POST /servers`'s samples, for no gain. A pool that runs
+    the function in place still chained its future to the loop's through two
+    `call_soon_threadsafe` (each a write to the loop's self-pipe) per call: none here. The
+    thread is blocked either way, as it was while it waited. Closed when the thread ends (its
+    thread-local storage goes, and this with it): nothing is left for the garbage collector to
+    warn of."""
 
-    def __init__(self) -> None:
-        super().__init__(max_workers=1)
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    def run_in_executor(
+        self,
+        executor: concurrent.futures.Executor | None,
+        func: Callable[[*_Ts], _T],
+        *args: *_Ts,
+    ) -> asyncio.Future[_T]:
+        if executor is not None:
+            return super().run_in_executor(executor, func, *args)
+        done: asyncio.Future[_T] = self.create_future()
         try:
-            done.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # as the pool's work item hands on whatever it raised
+            done.set_result(func(*args))
+        except BaseException as exc:  # as a pool's work item hands on whatever it raised
             done.set_exception(exc)
         return done
 
-
-class _ThreadLoop:
-    """A worker thread's own event loop, closed when the thread ends (its thread-local
-    storage goes, and this with it): nothing is left for the garbage collector to warn of."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.loop.set_default_executor(_InThisThread())
-
     def __del__(self) -> None:
-        if not self.loop.is_closed():
-            self.loop.close()
+        if not self.is_closed():
+            self.close()
 
 
 def _thread_loop() -> asyncio.AbstractEventLoop:
-    held: _ThreadLoop | None = getattr(_THREAD, "loop", None)
+    held: _WorkerLoop | None = getattr(_THREAD, "loop", None)
     if held is None:
-        held = _ThreadLoop()
+        held = _WorkerLoop()
         _THREAD.loop = held
-    return held.loop
+    return held
 
 
 def _body_first(route: APIRoute) -> Callable[[], Callable[[Request], Awaitable[Response]]]:

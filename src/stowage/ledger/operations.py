@@ -19,6 +19,7 @@ __all__ = ["ACTIVE_STATES", "TERMINAL_STATES", "Operation", "OperationEnded", "O
 
 ACTIVE_STATES = ("pending", "unknown")
 TERMINAL_STATES = ("done", "failed")
+_INSERT = insert(operations)  # built once: building it per operation cost more than running it
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +119,10 @@ class Operations:
             "lease_until": None,
         }
         if conn is not None:
-            conn.execute(insert(operations).values(**values))
+            conn.execute(_INSERT, values)
         else:
             with self.engine.begin() as own:
-                own.execute(insert(operations).values(**values))
+                own.execute(_INSERT, values)
         return op_id
 
     def advance(

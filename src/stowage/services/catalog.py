@@ -70,9 +70,10 @@ def _seed(cloud: Cloud) -> None:
     in a later release is registered in an older ledger too, and one an operator deleted
     stays deleted)."""
     region = cloud.config.region
+    seeded = set(cloud.objects.ids("catalog_seed"))  # one read, not one per service
     for kind, name, path in BUILTIN_SERVICES:
         marker = "builtin" if kind == "identity" else f"builtin:{kind}"
-        if cloud.objects.find("catalog_seed", marker) is not None:
+        if marker in seeded:
             continue
         try:
             cloud.objects.create("catalog_seed", marker, {})
@@ -150,12 +151,13 @@ def endpoint(cloud: Cloud, endpoint_id: str) -> Document:
 
 def catalog_of(cloud: Cloud, project_id: str | None = None) -> list[dict[str, Any]]:
     """What a token's catalog holds: enabled services with their enabled endpoints."""
+    _seed(cloud)
     by_service: dict[str, list[Document]] = {}
-    for ep in endpoints(cloud):
+    for ep in cloud.objects.list("endpoint"):
         if ep.body.get("enabled", True):
             by_service.setdefault(str(ep.body.get("service_id")), []).append(ep)
     out = []
-    for svc in services(cloud):
+    for svc in cloud.objects.list("service"):
         if not svc.body.get("enabled", True):
             continue
         out.append(

@@ -15,6 +15,7 @@ from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageE
 from stowage.domain.flavor import Flavor, InstanceShape, shape_of
 from stowage.ledger.db import READONLY
 from stowage.ledger.ledger import ClaimRefused
+from stowage.ledger.objects import NewDocument
 from stowage.ledger.operations import Operation
 from stowage.ledger.schema import consumer_key, consumers, hosts, numa_claims, pins
 from stowage.scheduling.framework import Request
@@ -130,6 +131,28 @@ def record_action(
 ) -> None:
     """An instance action with one event, as `openstack server event list` shows them;
     inside `conn`'s transaction when given."""
+    new = _action_document(
+        instance_id, action, ctx_user, ctx_project, request_id, result=result, message=message
+    )
+    if conn is not None:
+        cloud.objects.create_in(
+            conn, new.kind, new.id, new.body, project_id=new.project_id, name=action
+        )
+    else:
+        cloud.objects.create(new.kind, new.id, new.body, project_id=new.project_id, name=action)
+
+
+def _action_document(
+    instance_id: str,
+    action: str,
+    ctx_user: str,
+    ctx_project: str,
+    request_id: str,
+    *,
+    result: str = "Success",
+    message: str | None = None,
+) -> NewDocument:
+    """The document `record_action` writes (for a caller that writes it with others)."""
     now = time.time()
     body = {
         "action": action,
@@ -154,12 +177,7 @@ def record_action(
         ],
     }
     key = request_id + ":" + instance_id
-    if conn is not None:
-        cloud.objects.create_in(
-            conn, "instance_action", key, body, project_id=instance_id, name=action
-        )
-    else:
-        cloud.objects.create("instance_action", key, body, project_id=instance_id, name=action)
+    return NewDocument("instance_action", key, body, project_id=instance_id, name=action)
 
 
 def change_instance(
@@ -225,6 +243,7 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
         cloud.ledger.get_group(build.group_id)  # a missing group is a 404 before anything exists
     reservation = "r-" + uuid.uuid4().hex[:8]
     docs: list[dict[str, Any]] = []
+    made: list[NewDocument] = []
     with cloud.ledger.engine.begin() as conn:
         count = quotas.reserve_instances(
             cloud,
@@ -248,13 +267,12 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
                 if server_volumes.boots_from_volume(devices):
                     body["boot_from_volume"] = True
                     body["image_id"] = ""
-            cloud.objects.create_in(
-                conn, "instance", body["id"], body, project_id=build.project_id, name=body["name"]
-            )
-            record_action(
-                cloud, body["id"], "create", build.user_id, build.project_id, request_id, conn=conn
+            made.append(NewDocument("instance", body["id"], body, build.project_id, body["name"]))
+            made.append(
+                _action_document(body["id"], "create", build.user_id, build.project_id, request_id)
             )
             docs.append(body)
+        cloud.objects.create_each_in(conn, made)  # the instances and their actions: one insert
         cloud.operations.enqueue(
             "build",
             docs[0]["id"],

@@ -67,6 +67,7 @@ __all__ = [
     "sync_host_zones",
     "uptime_text",
     "visible_flavor",
+    "visible_flavor_of",
 ]
 
 DEFAULT_ZONE = "nova"
@@ -204,7 +205,15 @@ def flavor_visible(body: Mapping[str, Any], project_id: str, is_admin: bool) -> 
 
 def visible_flavor(cloud: Cloud, flavor_id: str, project_id: str, is_admin: bool) -> Document:
     """The flavor `flavor_id` as the caller may see it; NotFound for others' private flavors."""
-    doc = cloud.objects.find("flavor", flavor_id)
+    return visible_flavor_of(
+        cloud.objects.find("flavor", flavor_id), flavor_id, project_id, is_admin
+    )
+
+
+def visible_flavor_of(
+    doc: Document | None, flavor_id: str, project_id: str, is_admin: bool
+) -> Document:
+    """`visible_flavor` of the flavor document `doc` already read (None: there is none)."""
     if doc is None or not flavor_visible(doc.body, project_id, is_admin):
         raise NotFound(f"Flavor {flavor_id} could not be found.")
     return doc

@@ -22,6 +22,7 @@ from stowage.services.cloud import Cloud
 __all__ = ["changes_of", "lock_key", "modify_document", "write_document"]
 
 _ATTEMPTS_MAX = 20
+_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")  # built once
 
 
 def changes_of(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
@@ -35,7 +36,7 @@ def lock_key(conn: Connection, key: str) -> None:
     """Hold a named lock until `conn`'s transaction ends: an advisory lock on PostgreSQL;
     SQLite's write transactions are serialized already."""
     if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"), {"key": key})
+        conn.execute(_LOCK, {"key": key})
 
 
 def write_document(

@@ -62,7 +62,7 @@ from stowage.services.compute import (
     record_action,
     snapshot_server,
 )
-from stowage.services.compute_catalog import visible_flavor
+from stowage.services.compute_catalog import visible_flavor, visible_flavor_of
 from stowage.services.images import properties_of
 from stowage.services.migrations import confirm_resize, move, revert_resize
 from stowage.services.server_security_groups import security_group_names
@@ -255,19 +255,24 @@ def _parse_create(request: Request, cloud: Cloud, ctx: Context, body: Any) -> Bu
             400, "Invalid input for field/attribute flavorRef: 'flavorRef' is a required property"
         )
     flavor_id = str(flavor_ref).rstrip("/").rsplit("/", 1)[-1]
-    try:
-        flavor = visible_flavor(cloud, flavor_id, ctx.project_id, ctx.is_admin)
-    except NotFound:
-        raise ApiError(400, f"Flavor {flavor_ref} could not be found.") from None
     image_ref = server.get("imageRef") or ""
     bdms = server.get("block_device_mapping_v2") or []
     if not image_ref:
         image_ref = next((b.get("uuid") for b in bdms if b.get("source_type") == "image"), "")
+    image_id = str(image_ref).rstrip("/").rsplit("/", 1)[-1] if image_ref else ""
+    # The flavor and the image in one read (checked in that order, as before).
+    wanted = [("flavor", flavor_id)] + ([("image", image_id)] if image_id else [])
+    found = cloud.objects.find_each(wanted)
+    try:
+        flavor = visible_flavor_of(
+            found.get(("flavor", flavor_id)), flavor_id, ctx.project_id, ctx.is_admin
+        )
+    except NotFound:
+        raise ApiError(400, f"Flavor {flavor_ref} could not be found.") from None
     image_properties: dict[str, str] = {}
     image: Document | None = None
     if image_ref:
-        image_id = str(image_ref).rstrip("/").rsplit("/", 1)[-1]
-        image = bootable_image(cloud, ctx, image_id)
+        image = bootable_image_of(found.get(("image", image_id)), ctx, image_id)
         image_properties = {
             k: str(v) for k, v in properties_of(image.body).items() if isinstance(v, str | int)
         }
@@ -323,7 +328,11 @@ def _parse_create(request: Request, cloud: Cloud, ctx: Context, body: Any) -> Bu
 
 def bootable_image(cloud: Cloud, ctx: Context, image_id: str) -> Document:
     """An active image the caller may boot from, or Nova's 400."""
-    image = cloud.objects.find("image", image_id)
+    return bootable_image_of(cloud.objects.find("image", image_id), ctx, image_id)
+
+
+def bootable_image_of(image: Document | None, ctx: Context, image_id: str) -> Document:
+    """`bootable_image` of the image document `image` already read (None: there is none)."""
     visible = image is not None and (
         ctx.is_admin
         or image.body.get("visibility") in ("public", "community")

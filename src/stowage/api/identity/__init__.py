@@ -44,6 +44,24 @@ def _version_doc(base: str) -> dict[str, Any]:
     }
 
 
+# As compute's (api/compute/__init__.py): a router's place is a cost of every request it
+# serves, so tokens first (every validation), the version documents last; no two routers
+# serve the same method and path (tests/api/test_compute_routes.py).
+_ROUTERS = (
+    tokens,
+    resources,
+    grants,
+    catalog,
+    app_credentials,
+    groups,
+    system,
+    inherit,
+    credentials,
+    policy_blobs,
+    limits,
+    unimplemented,
+)
+
 discovery = APIRouter()
 
 
@@ -77,17 +95,7 @@ def create_identity_app(cloud: Cloud) -> FastAPI:
             headers=www_authenticate(request),
         )
 
+    for module in _ROUTERS:
+        app.include_router(module.router)
     app.include_router(discovery)
-    app.include_router(tokens.router)
-    app.include_router(resources.router)
-    app.include_router(grants.router)
-    app.include_router(catalog.router)
-    app.include_router(app_credentials.router)
-    app.include_router(groups.router)
-    app.include_router(system.router)
-    app.include_router(inherit.router)
-    app.include_router(credentials.router)
-    app.include_router(policy_blobs.router)
-    app.include_router(limits.router)
-    app.include_router(unimplemented.router)
     return app

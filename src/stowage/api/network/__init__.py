@@ -12,6 +12,10 @@ from stowage.services.cloud import Cloud
 
 __all__ = ["create_network_app"]
 
+# The resources (ports, networks: the busiest) first, the version document last; no two
+# routers serve the same method and path (tests/api/test_compute_routes.py).
+_ROUTERS = (resources, quotas, trunks)
+
 discovery = APIRouter()
 
 
@@ -35,8 +39,7 @@ def create_network_app(cloud: Cloud) -> FastAPI:
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     app.state.cloud = cloud
     install_common(app, network_error)
+    for module in _ROUTERS:
+        app.include_router(module.router, prefix="/v2.0")
     app.include_router(discovery)
-    app.include_router(resources.router, prefix="/v2.0")
-    app.include_router(quotas.router, prefix="/v2.0")
-    app.include_router(trunks.router, prefix="/v2.0")
     return app

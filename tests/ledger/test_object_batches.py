@@ -1,0 +1,65 @@
+"""Several documents read or created in one statement (a create's flavor and image; its servers
+and their action records) behave as one at a time would: only what exists is found, and a
+batch with one id that exists already creates none of its documents."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.exc import IntegrityError
+
+from stowage.ledger import Ledger
+from stowage.ledger.objects import NewDocument, ObjectStore
+
+
+def _statements(ledger: Ledger) -> list[str]:
+    seen: list[str] = []
+
+    @event.listens_for(ledger.engine, "before_cursor_execute")
+    def _count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if statement.split(maxsplit=1)[0].upper() in ("SELECT", "INSERT"):
+            seen.append(statement)
+
+    return seen
+
+
+def test_find_each_reads_the_pairs_that_exist_in_one_statement(db_url: str) -> None:
+    ledger = Ledger.open(db_url)
+    try:
+        store = ObjectStore(ledger.engine)
+        store.create("flavor", "1", {"name": "m1.tiny"})
+        store.create("image", "1", {"name": "cirros"})  # the same id, another kind
+        store.create("image", "2", {"name": "other"})
+        seen = _statements(ledger)
+        found = store.find_each([("flavor", "1"), ("image", "1"), ("flavor", "missing")])
+        assert len(seen) == 1
+        assert sorted(found) == [("flavor", "1"), ("image", "1")]
+        assert found[("image", "1")].body == {"name": "cirros"}
+        assert found[("flavor", "1")] == store.find("flavor", "1")
+    finally:
+        ledger.close()
+
+
+def test_create_each_in_writes_all_in_one_statement_or_none(db_url: str) -> None:
+    ledger = Ledger.open(db_url)
+    try:
+        store = ObjectStore(ledger.engine)
+        new = [
+            NewDocument("instance", "vm-1", {"name": "a"}, "p", "a"),
+            NewDocument("instance_action", "req:vm-1", {"action": "create"}, "vm-1", "create"),
+        ]
+        seen = _statements(ledger)
+        with ledger.engine.begin() as conn:
+            made = store.create_each_in(conn, new)
+        assert len(seen) == 1
+        assert [(d.kind, d.id, d.project_id, d.name) for d in made] == [
+            ("instance", "vm-1", "p", "a"),
+            ("instance_action", "req:vm-1", "vm-1", "create"),
+        ]
+        assert store.find("instance", "vm-1") == made[0]
+        again = [NewDocument("instance", "vm-2", {}), NewDocument("instance", "vm-1", {})]
+        with pytest.raises(IntegrityError), ledger.engine.begin() as conn:
+            store.create_each_in(conn, again)
+        assert store.find("instance", "vm-2") is None
+    finally:
+        ledger.close()
