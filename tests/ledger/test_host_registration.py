@@ -104,3 +104,28 @@ def test_bulk_registration_returns_ids_in_the_order_of_the_specs(db_url: str) ->
         assert ledger.register_hosts([]) == []
     finally:
         ledger.close()
+
+
+def test_the_schedulers_liveness_read_scans_an_index_not_the_hosts_rows(tmp_path: Path) -> None:
+    """Every scheduler reads every host's liveness every few seconds: on SQLite from the
+    covering index alone, never the rows with their topology JSON (at 100,000 hosts that scan
+    was a third of a scheduler's time), and it reads what the rows say."""
+    from stowage.ledger.ledger.views import _LIVENESS
+
+    ledger = _ledger(f"sqlite:///{tmp_path / 'live.db'}")
+    try:
+        ledger.register_hosts(specs())
+        ledger.set_host_state("h-b", forced_down=True, last_seen=T0 + 5)
+        with ledger.engine.connect() as conn:
+            plan = " ".join(
+                str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + _LIVENESS)
+            )
+            rows = sorted(conn.exec_driver_sql(_LIVENESS).fetchall())
+        assert "COVERING INDEX ix_hosts_liveness" in plan, plan
+        assert [(r[1], bool(r[2]), bool(r[3])) for r in rows] == [
+            (T0, False, False),
+            (T0 + 5, True, False),
+            (T0, False, False),
+        ]
+    finally:
+        ledger.close()

@@ -71,6 +71,9 @@ hosts = Table(
     # Bumped by every claim and release that touches the host: Placement's provider
     # generation, and the row every writer locks first, in id order, so writers never deadlock.
     Column("generation", Integer, nullable=False, default=0),
+    # Every scheduler reads every host's liveness every few seconds (`Views.refresh_liveness`):
+    # from this index alone SQLite scans a few pages instead of the rows and their topology.
+    Index("ix_hosts_liveness", "last_seen", "forced_down", "disabled"),
 )
 
 cells = Table(
