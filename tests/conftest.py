@@ -11,6 +11,12 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
+from stowage.ledger.db import GUARD_ENV
+
+# Every ledger engine the tests make (and the processes they start) refuses a second
+# connection inside an open transaction: each such nesting can stall a process for good.
+os.environ[GUARD_ENV] = "1"
+
 PG_ADMIN_URL = os.environ.get(
     "STOWAGE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import traceback
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from stowage.agent.server import AgentServer
 from stowage.bus.inproc import InProcTransport
@@ -252,3 +254,50 @@ def test_a_cold_move_takes_the_instances_disk_to_the_destination(
 
     asyncio.run(scenario())
     assert audit(cloud.ledger) == []
+
+
+def test_the_conductor_never_uses_the_ledger_on_its_event_loop(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """Before the fix, an interface detach read its port and a live migration's memory
+    copy wrote its record on the loop: every other operation waited for that round trip."""
+    on_loop: list[str] = []
+
+    def checkout(*_: Any) -> None:
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop()
+            frames = traceback.extract_stack()
+            ours = [f for f in frames if f.filename.endswith("services/conductor.py")]
+            if ours:
+                on_loop.append(f"{ours[-1].name}:{ours[-1].lineno}")
+
+    event.listen(cloud.ledger.engine, "checkout", checkout)
+
+    async def scenario() -> None:
+        async with agents(cloud, tmp_path) as (bus, _servers):
+            conductor = Conductor(cloud, bus, FAST)
+            task = asyncio.create_task(conductor.run())
+            (vm,) = await asyncio.to_thread(build, cloud, 1, "host1")
+            await until(cloud, lambda: statuses(cloud, [vm]) == ["ACTIVE"])
+            payload = {"mac": "fa:16:3e:00:00:01", "port_id": "no-such-port"}
+            await asyncio.to_thread(
+                cloud.operations.enqueue, "interface-detach", vm, "host1",
+                step="detach_interface", payload=payload,
+            )  # fmt: skip
+            conductor.kick()
+            await until(cloud, lambda: not cloud.operations.active())
+            result = await asyncio.to_thread(
+                migrations.move, cloud, vm, "live-migration", user_id="u", project_id="p",
+                dest="host2",
+            )  # fmt: skip
+
+            def status() -> str:
+                return str(cloud.objects.get("migration", result.migration_id).body["status"])
+
+            await until(cloud, lambda: status() == "completed")
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    event.remove(cloud.ledger.engine, "checkout", checkout)
+    assert on_loop == []

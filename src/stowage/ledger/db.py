@@ -6,18 +6,33 @@ import fcntl
 import os
 import re
 import threading
+import weakref
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
+import greenlet
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, text
 
-__all__ = ["READONLY", "NamedLock", "default_url", "make_engine", "migrate", "sqlite_url"]
+__all__ = [
+    "GUARD_ENV",
+    "READONLY",
+    "NamedLock",
+    "NestedTransaction",
+    "default_url",
+    "make_engine",
+    "migrate",
+    "sqlite_url",
+]
 
 # Execution option for read transactions: on SQLite they begin DEFERRED and do not wait
 # for the writer lock.
 READONLY = {"stowage_readonly": True}
+
+# Set (to anything but "" or "0") by the test suite: engines made meanwhile raise
+# NestedTransaction where a thread opens a second connection inside an open transaction.
+GUARD_ENV = "STOWAGE_GUARD_NESTED_TRANSACTIONS"
 
 _HERE = Path(__file__).resolve().parent
 
@@ -36,13 +51,75 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     """An engine tuned for the claim path. `postgresql://` URLs use psycopg 3."""
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    if url.startswith("sqlite"):
+    sqlite = url.startswith("sqlite")
+    if sqlite:
         # A connection for every thread that may wait for the writer lock at once (the API's
         # thread pool and the conductor's): a thread holding the lock never waits for one.
         engine = create_engine(url, connect_args={"timeout": 60.0}, pool_size=16, max_overflow=112)
+    else:
+        engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    if os.environ.get(GUARD_ENV, "") not in ("", "0"):
+        # Before SQLite's own begin: a nested write would wait there for the busy timeout.
+        _guard_nesting(engine)
+    if sqlite:
         _tune_sqlite(engine)
-        return engine
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    return engine
+
+
+class NestedTransaction(RuntimeError):
+    """A thread checked out a second connection (or began a second transaction) while a
+    transaction of its own was open: the second one can wait forever for what the first
+    holds (SQLite's writer lock, a PostgreSQL row lock, the pool's last connection)."""
+
+
+def _owner() -> object:
+    """Who holds a connection: the running greenlet (the simulation runs requests as
+    greenlets of one thread, each its own holder), which is a thread's own otherwise."""
+    return greenlet.getcurrent()
+
+
+def _guard_nesting(engine: Engine) -> None:
+    """Test mode (GUARD_ENV): refuse a connection, or a transaction, that a holder of an
+    open transaction asks for. Transactions on AUTOCOMMIT connections (a NamedLock's) hold
+    nothing and do not count."""
+    opened: weakref.WeakKeyDictionary[object, weakref.WeakSet[Connection]] = (
+        weakref.WeakKeyDictionary()
+    )
+    lock = threading.Lock()
+
+    def open_ones(owner: object, besides: Connection | None = None) -> list[Connection]:
+        with lock:
+            held = list(opened.get(owner, ()))
+        return [
+            conn
+            for conn in held
+            if conn is not besides
+            and not conn.closed
+            and conn.in_transaction()
+            and conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT"
+        ]
+
+    def refuse(what: str, held: list[Connection]) -> None:
+        raise NestedTransaction(
+            f"{what} while this thread holds {len(held)} open transaction(s) on the same ledger"
+        )
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(_dbapi: Any, _record: Any, _proxy: Any) -> None:
+        held = open_ones(_owner())
+        if held:
+            refuse("a second connection checked out", held)
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            return
+        owner = _owner()
+        held = open_ones(owner, besides=conn)
+        if held:
+            refuse("a second transaction begun", held)
+        with lock:
+            opened.setdefault(owner, weakref.WeakSet()).add(conn)
 
 
 def _tune_sqlite(engine: Engine) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +54,20 @@ class NewDocument:
     name: str | None = None
 
 
+@dataclass(slots=True)
+class _Held:
+    """The transaction `ObjectStore.reading()` or `writing()` holds for the running thread
+    (or greenlet: each has a context of its own), and the kinds written in it."""
+
+    engine: Engine
+    conn: Connection
+    write: bool
+    kinds: set[str]
+
+
+_HELD: ContextVar[_Held | None] = ContextVar("stowage_held", default=None)
+
+
 @dataclass(frozen=True, slots=True)
 class Document:
     kind: str
@@ -81,7 +97,53 @@ class ObjectStore:
         of what these documents say is dropped before and after the new version is seen)."""
         self._watchers.append((frozenset(kinds), changed))
 
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """One read transaction for every read of this store the calling thread makes inside
+        (`find`, `get`, `list`, `ids`), and for the caller's own reads on the connection it
+        yields: a step that reads many documents reads them as of one moment, in one
+        transaction. Nothing may be written inside: a write takes a second connection while
+        this one is held (the test suite's guard refuses it). Inside `writing()`, its
+        transaction."""
+        held = self._held()
+        if held is not None:
+            yield held.conn
+            return
+        with self.engine.connect().execution_options(**READONLY) as conn:
+            token = _HELD.set(_Held(self.engine, conn, False, set()))
+            try:
+                yield conn
+            finally:
+                _HELD.reset(token)
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[Connection]:
+        """One write transaction for every read and write of this store the calling thread
+        makes inside, and for the caller's own on the connection it yields: they commit
+        together at its end, or none does (a document created twice fails only its own
+        savepoint, as `create` outside fails only itself)."""
+        held = self._held()
+        if held is not None and held.write:
+            yield held.conn
+            return
+        kinds: set[str] = set()
+        with self.engine.begin() as conn:
+            token = _HELD.set(_Held(self.engine, conn, True, kinds))
+            try:
+                yield conn
+            finally:
+                _HELD.reset(token)
+        for kind in kinds:
+            self._changed(kind)
+
+    def _held(self) -> _Held | None:
+        held = _HELD.get()
+        return held if held is not None and held.engine is self.engine else None
+
     def _changed(self, kind: str) -> None:
+        held = _HELD.get()
+        if held is not None and held.write:
+            held.kinds.add(kind)  # and again once `writing()` commits
         for kinds, changed in self._watchers:
             if kind in kinds:
                 changed()
@@ -95,9 +157,16 @@ class ObjectStore:
         project_id: str | None = None,
         name: str | None = None,
     ) -> Document:
+        held = self._held()
         try:
-            with self.engine.begin() as conn:
-                created = self.create_in(conn, kind, id, body, project_id=project_id, name=name)
+            if held is not None and held.write:
+                with held.conn.begin_nested():
+                    created = self.create_in(
+                        held.conn, kind, id, body, project_id=project_id, name=name
+                    )
+            else:
+                with self.engine.begin() as conn:
+                    created = self.create_in(conn, kind, id, body, project_id=project_id, name=name)
         except IntegrityError:
             raise ConflictError(f"{kind} {id} already exists") from None
         self._changed(kind)
@@ -176,7 +245,7 @@ class ObjectStore:
         if name is not None:
             values["name"] = name
         self._changed(kind)
-        with self.engine.begin() as conn:
+        with self.writing() as conn:
             changed = conn.execute(
                 update(objects).where(objects.c.kind == kind, objects.c.id == id).values(**values)
             ).rowcount
@@ -226,7 +295,7 @@ class ObjectStore:
 
         Two requests that read the same instance and both decide to act on it: one wins.
         """
-        with self.engine.begin() as conn:
+        with self.writing() as conn:
             swapped = self.swap_in(conn, kind, id, old, new)
         self._changed(kind)
         return swapped
@@ -288,7 +357,7 @@ class ObjectStore:
         return None if row is None else _doc(row)
 
     def find(self, kind: str, id: str) -> Document | None:
-        with self.engine.connect().execution_options(**READONLY) as conn:
+        with self.reading() as conn:
             row = conn.execute(_FIND, {"kind": kind, "id": id}).first()
         return None if row is None else _doc(row)
 
@@ -307,7 +376,7 @@ class ObjectStore:
 
     def delete(self, kind: str, id: str) -> bool:
         self._changed(kind)
-        with self.engine.begin() as conn:
+        with self.writing() as conn:
             deleted = bool(
                 conn.execute(
                     delete(objects).where(objects.c.kind == kind, objects.c.id == id)
@@ -321,7 +390,7 @@ class ObjectStore:
         query = select(objects.c.id).where(objects.c.kind == kind)
         if name is not None:
             query = query.where(objects.c.name == name)
-        with self.engine.connect().execution_options(**READONLY) as conn:
+        with self.reading() as conn:
             return list(conn.execute(query.order_by(objects.c.created_at, objects.c.id)).scalars())
 
     def list(
@@ -348,7 +417,7 @@ class ObjectStore:
             query = query.where(objects.c.name == name)
         if ids is not None:
             query = query.where(objects.c.id.in_(list(ids)))
-        with self.engine.connect().execution_options(**READONLY) as conn:
+        with self.reading() as conn:
             if marker is not None:
                 anchor = conn.execute(
                     select(objects.c.created_at).where(

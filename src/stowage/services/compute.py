@@ -367,18 +367,21 @@ def schedule_builds(cloud: Cloud, ops: Sequence[Operation]) -> None:
         for op in ops
         for instance_id in op.payload.get("instances") or [op.instance_id]
     }
-    free: list[tuple[Operation, list[Request]]] = []
+    free: list[Request] = []
     for op in ops:
         requests = _waiting_requests(cloud, op)
         if int(op.payload.get("min_count", 1)) > 1:
             count = int(op.payload["min_count"])
-            _place(cloud, op, requests, names, request_ids, min_count=count)
+            _place(cloud, requests, names, request_ids, min_count=count)
         else:
-            free.append((op, requests))
+            free.extend(requests)
     # Requests of several creates (min_count 1) share one plan and one claim commit.
-    _place(cloud, None, [r for _, rs in free for r in rs], names, request_ids, min_count=None)
-    for op, _ in free:
-        _finish_schedule(cloud, op)
+    _place(cloud, free, names, request_ids, min_count=None)
+    # And the batch's operations end in one commit (a crash before it schedules them again:
+    # the instances placed meanwhile no longer wait, and are skipped).
+    with cloud.ledger.engine.begin() as conn:
+        for op in ops:
+            cloud.operations.advance(conn, op.id, state="done")
 
 
 def _waiting_requests(cloud: Cloud, op: Operation) -> list[Request]:
@@ -387,8 +390,10 @@ def _waiting_requests(cloud: Cloud, op: Operation) -> list[Request]:
     same = _host_ids_of(cloud, payload.get("same_host") or [])
     different = _host_ids_of(cloud, payload.get("different_host") or [])
     out = []
-    for instance_id in payload.get("instances") or [op.instance_id]:
-        doc = cloud.objects.find("instance", instance_id)
+    instance_ids = payload.get("instances") or [op.instance_id]
+    with cloud.objects.reading():  # the instances read in one transaction
+        docs = [cloud.objects.find("instance", instance_id) for instance_id in instance_ids]
+    for instance_id, doc in zip(instance_ids, docs, strict=True):
         if doc is None or doc.body.get("task_state") != "scheduling":
             continue
         body = doc.body
@@ -417,7 +422,6 @@ def _waiting_requests(cloud: Cloud, op: Operation) -> list[Request]:
 
 def _place(
     cloud: Cloud,
-    op: Operation | None,
     requests: list[Request],
     names: Mapping[int, str],
     request_ids: Mapping[str, str],
@@ -425,8 +429,6 @@ def _place(
     min_count: int | None,
 ) -> None:
     if not requests:
-        if op is not None:
-            _finish_schedule(cloud, op)
         return
 
     def placed(conn: Connection, claim: Any) -> None:
@@ -461,8 +463,6 @@ def _place(
                 placement.reason or "No valid host was found.",
                 placement.code.value if placement.code else "",
             )
-    if op is not None:
-        _finish_schedule(cloud, op)
 
 
 def _host_name_in(conn: Connection, host_id: int) -> str:
@@ -500,20 +500,11 @@ def _build_failed(
             cloud.objects.update_in(conn, "instance_action", action.id, record)
 
 
-def _finish_schedule(cloud: Cloud, op: Operation) -> None:
-    with cloud.ledger.engine.begin() as conn:
-        cloud.operations.advance(conn, op.id, state="done")
-
-
-def allocate_ports(cloud: Cloud, instance_id: str, *, is_admin: bool = True) -> dict[str, Any]:
-    """The conductor's `ports` step: one port per NIC the server asked for, then its
-    addresses. Safe to repeat: a NIC that already has its port is not given another."""
-    doc = cloud.objects.get("instance", instance_id)
-    return _allocate_addresses(cloud, dict(doc.body), is_admin=is_admin)
-
-
-def _allocate_addresses(cloud: Cloud, body: dict[str, Any], *, is_admin: bool) -> dict[str, Any]:
-    """Ports for the server's NICs (new ones on networks, or given ports), then its addresses.
+def allocate_ports(
+    cloud: Cloud, body: Mapping[str, Any], *, is_admin: bool = True
+) -> dict[str, Any]:
+    """The conductor's `ports` step for the server `body`: one port per NIC it asked for
+    (new ones on networks, or given ports), then its addresses.
 
     Repeatable: the k-th NIC on a network is made only if the server has fewer than k ports
     there already (a step that crashed after making some ports makes only the rest).
@@ -915,8 +906,8 @@ def snapshot_server(
     body["task_state"] = "image_uploading"
     # One unit of work: the queued image, the instance's task state and the operation that
     # fills the image commit together, so a refused request or a crash leaves no image that
-    # nothing will ever fill.
-    with cloud.ledger.engine.begin() as conn:
+    # nothing will ever fill. Its reads are in the same transaction (the base image's).
+    with cloud.objects.writing() as conn:
         created = queued_snapshot(cloud, caller, conn, body, name, metadata)
         take_instance(cloud, conn, instance_id, before, body, "createImage")
         cloud.operations.enqueue(

@@ -139,35 +139,40 @@ def conductor_config(cloud: Cloud) -> ConductorConfig:
 def claim_of(cloud: Cloud, consumer_id: str) -> dict[str, Any] | None:
     """What the ledger gives a consumer: its host, guest vCPU -> pCPU pins, cells, memory."""
     with cloud.ledger.engine.connect().execution_options(**READONLY) as conn:
-        host = conn.execute(
-            select(hosts.c.name)
-            .select_from(consumers.join(hosts, hosts.c.id == consumers.c.host_id))
-            .where(consumers.c.id == consumer_id)
-        ).scalar()
-        if host is None:
-            return None
-        pinned = conn.execute(
-            select(pins.c.guest_vcpu, pins.c.cpu_id).where(
-                pins.c.consumer_seq == consumer_key(consumer_id), pins.c.guest_vcpu.is_not(None)
-            )
-        ).all()
-        cells = conn.execute(
-            select(numa_claims.c.cell_id)
-            .where(numa_claims.c.consumer_seq == consumer_key(consumer_id))
-            .order_by(numa_claims.c.guest_cell)
-        ).scalars()
-        memory = conn.execute(
-            select(allocations.c.amount).where(
-                allocations.c.consumer_seq == consumer_key(consumer_id),
-                allocations.c.resource_class == ResourceClass.MEMORY_MB.value,
-            )
-        ).scalar()
-        return {
-            "host": host,
-            "pins": {str(v): int(c) for v, c in pinned},
-            "cells": [int(c) for c in cells],
-            "memory_mb": int(memory or 0),
-        }
+        return claim_in(conn, consumer_id)
+
+
+def claim_in(conn: Connection, consumer_id: str) -> dict[str, Any] | None:
+    """`claim_of` inside a transaction the caller holds."""
+    host = conn.execute(
+        select(hosts.c.name)
+        .select_from(consumers.join(hosts, hosts.c.id == consumers.c.host_id))
+        .where(consumers.c.id == consumer_id)
+    ).scalar()
+    if host is None:
+        return None
+    pinned = conn.execute(
+        select(pins.c.guest_vcpu, pins.c.cpu_id).where(
+            pins.c.consumer_seq == consumer_key(consumer_id), pins.c.guest_vcpu.is_not(None)
+        )
+    ).all()
+    cells = conn.execute(
+        select(numa_claims.c.cell_id)
+        .where(numa_claims.c.consumer_seq == consumer_key(consumer_id))
+        .order_by(numa_claims.c.guest_cell)
+    ).scalars()
+    memory = conn.execute(
+        select(allocations.c.amount).where(
+            allocations.c.consumer_seq == consumer_key(consumer_id),
+            allocations.c.resource_class == ResourceClass.MEMORY_MB.value,
+        )
+    ).scalar()
+    return {
+        "host": host,
+        "pins": {str(v): int(c) for v, c in pinned},
+        "cells": [int(c) for c in cells],
+        "memory_mb": int(memory or 0),
+    }
 
 
 def _monotonic() -> float:
@@ -377,15 +382,23 @@ class Conductor:
             end_snapshot_in(self.cloud, conn, op)
 
     async def _call(
-        self, op: Operation, method: str, payload: dict[str, Any], *, suffix: str = ""
+        self,
+        op: Operation,
+        method: str,
+        payload: dict[str, Any],
+        *,
+        suffix: str = "",
+        checked: bool = False,
     ) -> Reply:
-        """The agent's answer to this step; `_Wait` when there is none in time."""
+        """The agent's answer to this step; `_Wait` when there is none in time. `checked`:
+        the caller read, right before, that the operation is still active."""
         # Checked right before the call: an operation a delete (or any writer) ended while
         # this step ran sends nothing more to the agent (a spawn after the delete's destroy
         # would run a guest the ledger no longer places).
-        current = await asyncio.to_thread(self.ops.find, op.id)
-        if current is None or current.finished:
-            raise NotFound(f"operation {op.id} ended before its {method} was sent")
+        if not checked:
+            current = await asyncio.to_thread(self.ops.find, op.id)
+            if current is None or current.finished:
+                raise NotFound(f"operation {op.id} ended before its {method} was sent")
         try:
             reply = await self.bus.call(
                 compute_topic(op.host),
@@ -463,7 +476,16 @@ class Conductor:
 
         cloud = self.cloud
         try:
-            addresses = allocate_ports(cloud, op.instance_id)
+            # The ports, the server's addresses and the next step: one commit, or none.
+            doc = cloud.objects.get("instance", op.instance_id)
+            with networks.ports_in_one_commit(cloud, str(doc.body["project_id"])) as conn:
+                doc = cloud.objects.get("instance", op.instance_id)  # as of the lock
+                addresses = allocate_ports(cloud, doc.body)
+                body = dict(doc.body)
+                body.update(addresses=addresses, task_state="spawning")
+                if not cloud.objects.swap_in(conn, "instance", op.instance_id, doc.body, body):
+                    raise _Wait(f"instance {op.instance_id} changed while its ports were made")
+                self.ops.advance(conn, op.id, step="spawn")
         except NotFound:
             raise
         except StowageError as exc:
@@ -488,29 +510,15 @@ class Conductor:
             cloud.ledger.release(op.instance_id, forget=False, also=write)
             networks.release_ports(cloud, op.instance_id)
             _event(cloud, op, body, "Error", message)
-            return
-        doc = cloud.objects.get("instance", op.instance_id)
-        body = dict(doc.body)
-        body.update(addresses=addresses, task_state="spawning")
-        with cloud.ledger.engine.begin() as conn:
-            if not cloud.objects.swap_in(conn, "instance", op.instance_id, doc.body, body):
-                raise _Wait(f"instance {op.instance_id} changed while its ports were made")
-            self.ops.advance(conn, op.id, step="spawn")
 
     async def _step_spawn(self, op: Operation) -> None:
-        claim = await asyncio.to_thread(claim_of, self.cloud, op.instance_id)
-        if claim is None:
-            raise NotFound(f"instance {op.instance_id} holds no claim")
         # The instance's volumes first (a boot volume made from its image, ...), then the
         # guest, then each volume given to it: as Nova's build, one failure fails the build.
-        devices, why = await asyncio.to_thread(
-            server_volumes.spawn_volumes, self.cloud, op.instance_id
-        )
+        claim, devices, why, guest = await asyncio.to_thread(self._spawn_inputs, op)
         if why is not None:
             await asyncio.to_thread(self._spawned, op, {"ok": False, "error": why})
             return
-        guest = await asyncio.to_thread(guest_payload, self.cloud, op.instance_id)
-        reply = await self._call(op, "spawn", {**guest, **claim})
+        reply = await self._call(op, "spawn", {**guest, **claim}, checked=True)
         for device in devices if reply.get("ok") else []:
             reply = await self._call(
                 op,
@@ -521,6 +529,31 @@ class Conductor:
             if not reply.get("ok"):
                 break
         await asyncio.to_thread(self._spawned, op, reply)
+
+    def _spawn_inputs(
+        self, op: Operation
+    ) -> tuple[dict[str, Any], list[dict[str, Any]], str | None, dict[str, Any]]:
+        """A spawn's claim, volumes and guest, and the check that its operation is still
+        active (`_call`'s), read in one transaction; volumes still being created are driven
+        after it, and everything is read again."""
+        cloud = self.cloud
+        driven = False
+        while True:
+            with cloud.objects.reading() as conn:
+                current = self.ops.find_in(conn, op.id)
+                if current is None or current.finished:
+                    raise NotFound(f"operation {op.id} ended before its spawn was sent")
+                claim = claim_in(conn, op.instance_id)
+                if claim is None:
+                    raise NotFound(f"instance {op.instance_id} holds no claim")
+                new: list[str] = []
+                devices, why = server_volumes.spawn_volumes(cloud, op.instance_id, new=new)
+                if not new or driven:
+                    guest = {} if why else guest_payload(cloud, op.instance_id)
+                    return claim, devices, why, guest
+            for volume_id in new:
+                volume_service.drive(cloud, "volume", volume_id)
+            driven = True
 
     async def _step_attach_volume(self, op: Operation) -> None:
         payload = {"device": op.payload["device"], "connection": op.payload["connection"]}
@@ -785,7 +818,7 @@ class Conductor:
 
     async def _step_detach_interface(self, op: Operation) -> None:
         reply = await self._call(op, "detach_interface", {"mac": op.payload["mac"]})
-        port = self.cloud.objects.find("port", str(op.payload["port_id"]))
+        port = await asyncio.to_thread(self.cloud.objects.find, "port", str(op.payload["port_id"]))
         body = None if port is None else dict(port.body)
         await asyncio.to_thread(self._interface_answered, op, reply, body)
 
@@ -1018,7 +1051,10 @@ class Conductor:
             await asyncio.sleep(min(0.1, max(0.0, deadline - _monotonic())))
         if not await self._migrate_live(op):
             return
-        record = await asyncio.to_thread(self._record, op)
+        await asyncio.to_thread(self._transferred, op)
+
+    def _transferred(self, op: Operation) -> None:
+        record = self._record(op)
         record["status"] = "post-migrating"
         with self.cloud.ledger.engine.begin() as conn:
             self.cloud.objects.update_in(

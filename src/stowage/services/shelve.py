@@ -61,7 +61,7 @@ def shelve_server(cloud: Cloud, caller: Caller, instance_id: str, request_id: st
             else ("shelving" if keep else "shelving_offloading")
         ),
     }
-    with cloud.ledger.engine.begin() as conn:
+    with cloud.objects.writing() as conn:  # its reads too (the base image's)
         payload: dict[str, Any] = {"request_id": request_id, "keep": keep}
         if image_backed:
             name = f"{body.get('name') or instance_id}-shelved"

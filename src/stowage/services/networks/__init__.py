@@ -15,6 +15,7 @@ A port is written after its claims and its claims are released after it is delet
 from __future__ import annotations
 
 from stowage.services.caller import Caller
+from stowage.services.networks.addresses import ports_in_one_commit
 from stowage.services.networks.bootstrap import bootstrap_networks
 from stowage.services.networks.common import (
     AVAILABILITY_ZONE,
@@ -106,6 +107,7 @@ __all__ = [
     "list_security_groups",
     "list_subnets",
     "made_by",
+    "ports_in_one_commit",
     "ports_of",
     "refresh_server_addresses",
     "release_port",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import random
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,15 +19,34 @@ from stowage.services.networks.common import (
     _invalid,
     _uuid5,
 )
+from stowage.services.networks.quotas import lock_quotas
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
     from stowage.services.cloud import Cloud
 
 # -- address claims ---------------------------------------------------------------------------
 
 
 # One address decision at a time in this process; the claim documents guard across processes.
-_ipam_lock = threading.Lock()
+# Reentrant: `ports_in_one_commit` holds it around a transaction whose ports claim addresses.
+_ipam_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def ports_in_one_commit(cloud: Cloud, project_id: str) -> Iterator[Connection]:
+    """Every port of `project_id` made, bound or let go inside (its quota, MAC and address
+    claims included), and what the caller writes on the connection it yields, commit in one
+    transaction, or nothing does: no claim outlives a failure or a crash half-way.
+
+    The locks are taken in one order: the address lock (never waited for inside a write
+    transaction, which SQLite lets one thread hold at a time), then the project's quotas
+    (before any claim: another process's transaction that holds a claim this one wants never
+    waits for this one's quota lock), then the claims."""
+    with _ipam_lock, cloud.objects.writing() as conn:
+        lock_quotas(conn, project_id)
+        yield conn
 
 
 def _ip_claim_id(subnet_id: str, address: str) -> str:

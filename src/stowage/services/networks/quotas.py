@@ -191,6 +191,14 @@ def _count_in(conn: Connection, project_id: str, kind: str) -> int:
     return int(conn.execute(query).scalar() or 0)
 
 
+def lock_quotas(conn: Connection, project_id: str) -> None:
+    """Hold the project's network quotas until `conn`'s transaction ends."""
+    # Late: services.quotas imports the cloud, which imports this package.
+    from stowage.services.quotas import lock_project
+
+    lock_project(conn, f"network:{project_id}")
+
+
 def create_counted(
     cloud: Cloud,
     resource: str,
@@ -202,14 +210,11 @@ def create_counted(
 ) -> Document:
     """Create the document of one `resource` owned by `project_id`, unless the project's quota
     of it is used up (Neutron's 409 OverQuota): counted and written in one transaction."""
-    # Late: services.quotas imports the cloud, which imports this package.
-    from stowage.services.quotas import lock_project
-
     kind = _KINDS[resource]
     try:
-        with cloud.ledger.engine.begin() as conn:
+        with cloud.objects.writing() as conn:  # a transaction of its own, or the caller's
             if project_id:  # "": a port of no project (a gateway's, a floating IP's)
-                lock_project(conn, f"network:{project_id}")
+                lock_quotas(conn, project_id)
                 limit = _limit_in(conn, project_id, resource)
                 if limit >= 0 and _count_in(conn, project_id, kind) >= limit:
                     raise over_quota(resource)

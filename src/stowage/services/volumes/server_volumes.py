@@ -275,10 +275,14 @@ def _add_attachment(
     )
 
 
-def spawn_volumes(cloud: Cloud, instance_id: str) -> tuple[list[dict[str, Any]], str | None]:
+def spawn_volumes(
+    cloud: Cloud, instance_id: str, *, new: list[str] | None = None
+) -> tuple[list[dict[str, Any]], str | None]:
     """Before a spawn: drive the instance's new volumes to available, and answer the devices
     with their connections, or why the build cannot go on (Nova's "Volume did not finish
-    being created")."""
+    being created"). Given `new`, nothing is driven: the volumes still being created are
+    listed there, and not finished (a caller reading in one transaction, where nothing may be
+    written, drives them after it and asks again)."""
     doc = cloud.objects.find("instance", instance_id)
     devices = list((doc.body.get("block_devices") if doc else None) or [])
     backend = backend_of(cloud)
@@ -286,12 +290,17 @@ def spawn_volumes(cloud: Cloud, instance_id: str) -> tuple[list[dict[str, Any]],
     for device in devices:
         volume = cloud.objects.find(VOLUME, device["volume_id"])
         if volume is not None and volume.body["status"] == "creating":
+            if new is not None:
+                new.append(volume.id)
+                continue
             drive(cloud, VOLUME, volume.id)
             volume = cloud.objects.find(VOLUME, volume.id)
         if volume is None or volume.body["status"] not in ("available", "reserved", "in-use"):
             status = volume.body["status"] if volume else "gone"
             return [], f"Volume {device['volume_id']} did not finish being created ({status})"
         out.append({**device, "connection": backend.connection_info(volume.id)})
+    if new:
+        return [], f"Volume {new[0]} did not finish being created (creating)"
     return out, None
 
 

@@ -392,7 +392,7 @@ def delete_volume(
     """Mark the volume `deleting` (the intent); `drive` removes its file, releases its claim
     and its document in one commit. Snapshots block it unless `cascade` deletes them too."""
     get_volume(cloud, caller, volume_id)
-    with cloud.ledger.engine.begin() as conn:
+    with cloud.objects.writing() as conn:  # the snapshots read in it too
         snaps = [
             doc for doc in cloud.objects.list(SNAPSHOT) if doc.body.get("volume_id") == volume_id
         ]
