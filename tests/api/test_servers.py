@@ -59,7 +59,7 @@ def test_a_bad_create_is_a_400_naming_the_field_and_leaves_nothing(cloud: Runnin
         token,
         "POST",
         "/servers",
-        json={"server": {"name": "x", "flavorRef": "1", "imageRef": "nope"}},
+        json={"server": {"name": "x", "flavorRef": "1", "imageRef": "nope", "networks": "none"}},
     )
     assert response.status_code == 400
     assert "nope" in response.json()["badRequest"]["message"]
@@ -392,3 +392,24 @@ def test_before_2_37_a_create_may_leave_out_networks(cloud: RunningCloud) -> Non
     refused = cloud.compute("POST", "/servers", version="2.36", token=token, json=body)
     assert refused.status_code == 400
     cloud.osc("server", "delete", "--wait", server_id, cloud="stowage")
+
+
+def test_from_2_37_a_create_must_say_networks(cloud: RunningCloud) -> None:
+    """Nova's 2.37 schema makes `networks` required: a create without it is refused with 400
+    and leaves no server behind (python-openstackclient and openstacksdk send "auto" or
+    "none" themselves; Tempest sends "none")."""
+    token = cloud.token("demo", "stowage-demo", "demo")
+    name = unique("no-networks")
+    body: dict[str, Any] = {
+        "server": {"name": name, "flavorRef": "1", "imageRef": _image_id(cloud)}
+    }
+    for version in ("2.37", "2.96"):
+        refused = cloud.compute("POST", "/servers", version=version, token=token, json=body)
+        assert refused.status_code == 400, refused.text
+        assert "'networks' is a required property" in refused.text
+    listed = cloud.compute("GET", f"/servers?name={name}", version="2.96", token=token)
+    assert listed.json()["servers"] == []
+    body["server"]["networks"] = "none"
+    created = cloud.compute("POST", "/servers", version="2.37", token=token, json=body)
+    assert created.status_code == 202, created.text
+    cloud.osc("server", "delete", "--wait", created.json()["server"]["id"], cloud="stowage")

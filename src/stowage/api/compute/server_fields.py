@@ -276,8 +276,13 @@ def check_nics(cloud: Cloud, ctx: Context, networks: Any, version: Version) -> A
     a network or port the caller cannot see is "not found", whether or not it exists.
     `auto` becomes the project's one available network (get-me-a-network)."""
     if networks is None:
+        if version >= (2, 37):
+            # Nova's 2.37 schema: "auto" or "none" must be said (the clients send it).
+            raise ApiError(
+                400, "Invalid input for field/attribute server: 'networks' is a required property"
+            )
         # Before 2.37 `networks` may be left out: the server gets the available network, as
-        # "auto" would. (From 2.37 Nova requires it; it is taken as "auto" here too.)
+        # "auto" would.
         return _auto_network(cloud, ctx)
     if isinstance(networks, str) and version < (2, 37):
         raise ApiError(400, f"Invalid input for field/attribute networks. Value: {networks}.")
