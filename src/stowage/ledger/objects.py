@@ -15,6 +15,8 @@ import orjson
 from sqlalchemy import (
     Connection,
     Engine,
+    Integer,
+    Select,
     and_,
     bindparam,
     delete,
@@ -41,6 +43,23 @@ _FIND_EACH = select(objects).where(
     tuple_(objects.c.kind, objects.c.id).in_(bindparam("keys", expanding=True))
 )
 _INSERT = insert(objects)  # the same holds for the insert of every new document
+# And for the writes of every step (a boot's spawn, its ports, its action record): a prebuilt
+# statement runs in about a quarter of the CPU of one built per call (55 against 190 us for a
+# read by key on SQLite, measured 2026-12-02, session 8).
+_KEY = (objects.c.kind == bindparam("k_kind"), objects.c.id == bindparam("k_id"))
+_FIND_FOR_UPDATE = select(objects.c.body).where(*_KEY).with_for_update()
+_UPDATE = (
+    update(objects)
+    .where(*_KEY)
+    .values(body=bindparam("v_body"), updated_at=bindparam("v_at"), ref=bindparam("v_ref"))
+)
+_SWAP = (
+    update(objects)
+    .where(*_KEY, objects.c.body == bindparam("k_body"))
+    .values(body=bindparam("v_body"), updated_at=bindparam("v_at"), ref=bindparam("v_ref"))
+)
+_RENAME = update(objects).where(*_KEY).values(name=bindparam("v_name"))
+_DELETE = delete(objects).where(*_KEY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,23 +289,18 @@ class ObjectStore:
         """
         self._changed(kind)
         if keep:
-            current = conn.execute(
-                select(objects.c.body)
-                .where(objects.c.kind == kind, objects.c.id == id)
-                .with_for_update()
-            ).scalar()
+            current = conn.execute(_FIND_FOR_UPDATE, {"k_kind": kind, "k_id": id}).scalar()
             if current is not None:
                 stored = decode_body(current)
                 body = {**body, **{k: stored[k] for k in keep if k in stored}}
-        changed = conn.execute(
-            update(objects)
-            .where(objects.c.kind == kind, objects.c.id == id)
-            .values(
-                body=json.dumps(dict(body), sort_keys=True),
-                updated_at=self.clock(),
-                ref=_ref(kind, body),
-            )
-        ).rowcount
+        values = {
+            "k_kind": kind,
+            "k_id": id,
+            "v_body": json.dumps(dict(body), sort_keys=True),
+            "v_at": self.clock(),
+            "v_ref": _ref(kind, body),
+        }
+        changed = conn.execute(_UPDATE, values).rowcount
         if not changed:
             raise NotFound(f"{kind} {id} could not be found")
 
@@ -305,21 +319,15 @@ class ObjectStore:
     ) -> bool:
         """`swap` inside a transaction the caller holds."""
         self._changed(kind)
-        return bool(
-            conn.execute(
-                update(objects)
-                .where(
-                    objects.c.kind == kind,
-                    objects.c.id == id,
-                    objects.c.body == json.dumps(dict(old), sort_keys=True),
-                )
-                .values(
-                    body=json.dumps(dict(new), sort_keys=True),
-                    updated_at=self.clock(),
-                    ref=_ref(kind, new),
-                )
-            ).rowcount
-        )
+        values = {
+            "k_kind": kind,
+            "k_id": id,
+            "k_body": json.dumps(dict(old), sort_keys=True),
+            "v_body": json.dumps(dict(new), sort_keys=True),
+            "v_at": self.clock(),
+            "v_ref": _ref(kind, new),
+        }
+        return bool(conn.execute(_SWAP, values).rowcount)
 
     def next_number(self, counter: str, first: Callable[[], int] = lambda: 1) -> int:
         """The next value of a named counter, unique across processes; `first` starts it."""
@@ -338,22 +346,16 @@ class ObjectStore:
 
     def rename_in(self, conn: Connection, kind: str, id: str, name: str) -> None:
         self._changed(kind)
-        conn.execute(
-            update(objects).where(objects.c.kind == kind, objects.c.id == id).values(name=name)
-        )
+        conn.execute(_RENAME, {"k_kind": kind, "k_id": id, "v_name": name})
 
     def delete_in(self, conn: Connection, kind: str, id: str) -> bool:
         """Delete a document inside a transaction the caller holds."""
         self._changed(kind)
-        return bool(
-            conn.execute(delete(objects).where(objects.c.kind == kind, objects.c.id == id)).rowcount
-        )
+        return bool(conn.execute(_DELETE, {"k_kind": kind, "k_id": id}).rowcount)
 
     def find_in(self, conn: Connection, kind: str, id: str) -> Document | None:
         """`find` inside a transaction the caller holds (its own writes are seen)."""
-        row = conn.execute(
-            select(objects).where(objects.c.kind == kind, objects.c.id == id)
-        ).first()
+        row = conn.execute(_FIND, {"kind": kind, "id": id}).first()
         return None if row is None else _doc(row)
 
     def find(self, kind: str, id: str) -> Document | None:
@@ -377,11 +379,7 @@ class ObjectStore:
     def delete(self, kind: str, id: str) -> bool:
         self._changed(kind)
         with self.writing() as conn:
-            deleted = bool(
-                conn.execute(
-                    delete(objects).where(objects.c.kind == kind, objects.c.id == id)
-                ).rowcount
-            )
+            deleted = bool(conn.execute(_DELETE, {"k_kind": kind, "k_id": id}).rowcount)
         self._changed(kind)
         return deleted
 
@@ -406,36 +404,60 @@ class ObjectStore:
     ) -> list[Document]:
         """Oldest first; `marker` is the id of the last document of the previous page; `ref`
         (a kind of `REFS`) selects the documents whose body field says so, by the index."""
+        if ref is not None and kind not in self.REFS:
+            raise ValueError(f"{kind} documents keep no ref")
+        params: dict[str, Any] = {"kind": kind, "ref": ref, "project_id": project_id}
+        params.update(name=name, ids=None if ids is None else list(ids), limit=limit)
+        if marker is None:
+            with self.reading() as conn:
+                return [_doc(row) for row in conn.execute(_list_statement(params), params)]
         query = select(objects).where(objects.c.kind == kind)
         if ref is not None:
-            if kind not in self.REFS:
-                raise ValueError(f"{kind} documents keep no ref")
             query = query.where(objects.c.ref == ref)
         if project_id is not None:
             query = query.where(objects.c.project_id == project_id)
         if name is not None:
             query = query.where(objects.c.name == name)
         if ids is not None:
-            query = query.where(objects.c.id.in_(list(ids)))
+            query = query.where(objects.c.id.in_(params["ids"]))
         with self.reading() as conn:
-            if marker is not None:
-                anchor = conn.execute(
-                    select(objects.c.created_at).where(
-                        objects.c.kind == kind, objects.c.id == marker
-                    )
-                ).scalar()
-                if anchor is None:
-                    raise NotFound(f"marker {marker} could not be found")
-                query = query.where(
-                    or_(
-                        objects.c.created_at > anchor,
-                        and_(objects.c.created_at == anchor, objects.c.id > marker),
-                    )
+            anchor = conn.execute(
+                select(objects.c.created_at).where(objects.c.kind == kind, objects.c.id == marker)
+            ).scalar()
+            if anchor is None:
+                raise NotFound(f"marker {marker} could not be found")
+            query = query.where(
+                or_(
+                    objects.c.created_at > anchor,
+                    and_(objects.c.created_at == anchor, objects.c.id > marker),
                 )
+            )
             query = query.order_by(objects.c.created_at, objects.c.id)
             if limit is not None:
                 query = query.limit(limit)
             return [_doc(row) for row in conn.execute(query)]
+
+
+_LISTS: dict[frozenset[str], Select[Any]] = {}
+
+
+def _list_statement(params: Mapping[str, Any]) -> Select[Any]:
+    """`list`'s SELECT (without a marker) for the filters given in `params`, built once per
+    set of filters; each filter's value is the bound parameter of its name."""
+    given = frozenset(name for name, value in params.items() if value is not None)
+    query = _LISTS.get(given)
+    if query is None:
+        query = select(objects).where(objects.c.kind == bindparam("kind"))
+        for column in ("ref", "project_id", "name"):
+            if column in given:
+                query = query.where(objects.c[column] == bindparam(column))
+        if "ids" in given:
+            query = query.where(objects.c.id.in_(bindparam("ids", expanding=True)))
+        query = query.order_by(objects.c.created_at, objects.c.id)
+        if "limit" in given:
+            query = query.limit(bindparam("limit", type_=Integer))
+        _LISTS[given] = query
+    return query
 
 
 def _ref(kind: str, body: Mapping[str, Any]) -> str | None:

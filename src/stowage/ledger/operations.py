@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Update, and_, bindparam, insert, or_, select, update
 
 from stowage.ledger.db import READONLY
 from stowage.ledger.objects import decode_body
@@ -20,6 +20,58 @@ __all__ = ["ACTIVE_STATES", "TERMINAL_STATES", "Operation", "OperationEnded", "O
 ACTIVE_STATES = ("pending", "unknown")
 TERMINAL_STATES = ("done", "failed")
 _INSERT = insert(operations)  # built once: building it per operation cost more than running it
+# The statements of every step, built once too (a statement built per call cost about three
+# times the CPU of running a prebuilt one: docs/performance.md, session 8).
+_FIND = select(operations).where(operations.c.id == bindparam("k_id"))
+_FREE = or_(
+    operations.c.owner.is_(None),
+    operations.c.owner == bindparam("k_owner"),
+    operations.c.lease_until < bindparam("k_now"),
+)
+_DUE = (
+    select(operations.c.id)
+    .where(operations.c.state.in_(ACTIVE_STATES), operations.c.next_at <= bindparam("k_now"), _FREE)
+    .order_by(operations.c.created_at, operations.c.id)
+    .limit(bindparam("k_limit"))
+)
+_TAKE = (
+    update(operations)
+    .where(
+        operations.c.id.in_(bindparam("k_ids", expanding=True)),
+        operations.c.state.in_(ACTIVE_STATES),
+        _FREE,
+    )
+    .values(owner=bindparam("k_owner"), lease_until=bindparam("v_until"))
+)
+_TAKEN = select(operations).where(
+    operations.c.id.in_(bindparam("k_ids", expanding=True)),
+    operations.c.state.in_(ACTIVE_STATES),
+    operations.c.owner == bindparam("k_owner"),
+)
+_LET_GO = (
+    update(operations)
+    .where(operations.c.id == bindparam("k_id"), operations.c.owner == bindparam("k_owner"))
+    .values(owner=None, lease_until=None)
+)
+_CLEANUPS = (
+    select(operations.c.created_at, operations.c.id, operations.c.host)
+    .where(operations.c.state.in_(ACTIVE_STATES), operations.c.kind.in_(("cleanup", "delete")))
+    .order_by(operations.c.created_at, operations.c.id)
+)
+_ADVANCES: dict[tuple[frozenset[str], bool], Update] = {}
+
+
+def _advance_statement(columns: frozenset[str], guarded: bool) -> Update:
+    """The UPDATE of `advance` for this set of columns (a handful of sets occur), built once."""
+    key = (columns, guarded)
+    query = _ADVANCES.get(key)
+    if query is None:
+        query = update(operations).where(operations.c.id == bindparam("k_id"))
+        if guarded:
+            query = query.where(operations.c.state.in_(ACTIVE_STATES))
+        query = query.values({c: bindparam("v_" + c) for c in sorted(columns)})
+        _ADVANCES[key] = query
+    return query
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,10 +208,10 @@ class Operations:
         if attempts is not None:
             values["attempts"] = attempts
         values["next_at"] = now + (retry_in_s or 0.0)
-        query = update(operations).where(operations.c.id == op_id)
-        if self.guarded:
-            query = query.where(operations.c.state.in_(ACTIVE_STATES))
-        if not conn.execute(query.values(**values)).rowcount and self.guarded:
+        query = _advance_statement(frozenset(values), self.guarded)
+        params = {"v_" + c: v for c, v in values.items()}
+        params["k_id"] = op_id
+        if not conn.execute(query, params).rowcount and self.guarded:
             raise OperationEnded(f"operation {op_id} has already ended")
 
     def update(self, op_id: str, **changes: Any) -> None:
@@ -177,22 +229,9 @@ class Operations:
         """Take up to `limit` due operations nobody else holds (compare-and-swap per row);
         `exclude` names operations the caller is already driving."""
         now = self.clock()
-        free = or_(
-            operations.c.owner.is_(None),
-            operations.c.owner == owner,
-            operations.c.lease_until < now,
-        )
+        keys = {"k_owner": owner, "k_now": now}
         with self.engine.connect().execution_options(**READONLY) as conn:
-            due = conn.execute(
-                select(operations.c.id)
-                .where(
-                    operations.c.state.in_(ACTIVE_STATES),
-                    operations.c.next_at <= now,
-                    free,
-                )
-                .order_by(operations.c.created_at, operations.c.id)
-                .limit(limit + len(exclude))
-            ).scalars()
+            due = conn.execute(_DUE, {**keys, "k_limit": limit + len(exclude)}).scalars()
             candidates = [op_id for op_id in due if op_id not in exclude][:limit]
         if not candidates:
             return []
@@ -200,22 +239,8 @@ class Operations:
         # as it is written, so two conductors never both win one), then the same transaction
         # reads what it won: one commit per poll, not one per operation and a read per win.
         with self.engine.begin() as conn:
-            conn.execute(
-                update(operations)
-                .where(
-                    operations.c.id.in_(candidates),
-                    operations.c.state.in_(ACTIVE_STATES),
-                    free,
-                )
-                .values(owner=owner, lease_until=now + lease_s)
-            )
-            rows = conn.execute(
-                select(operations).where(
-                    operations.c.id.in_(candidates),
-                    operations.c.state.in_(ACTIVE_STATES),
-                    operations.c.owner == owner,
-                )
-            ).all()
+            conn.execute(_TAKE, {**keys, "k_ids": candidates, "v_until": now + lease_s})
+            rows = conn.execute(_TAKEN, {"k_ids": candidates, "k_owner": owner}).all()
         won = {row.id: _row(row) for row in rows}
         return [won[op_id] for op_id in candidates if op_id in won]
 
@@ -232,11 +257,7 @@ class Operations:
     def let_go(self, owner: str, op_id: str) -> None:
         """Give an operation back (its next try is due later) without finishing it."""
         with self.engine.begin() as conn:
-            conn.execute(
-                update(operations)
-                .where(operations.c.id == op_id, operations.c.owner == owner)
-                .values(owner=None, lease_until=None)
-            )
+            conn.execute(_LET_GO, {"k_id": op_id, "k_owner": owner})
 
     def take_over(self, owner: str) -> int:
         """At start-up: every active operation's lease is void (its conductor is gone)."""
@@ -249,12 +270,12 @@ class Operations:
 
     def find_in(self, conn: Connection, op_id: str) -> Operation | None:
         """`find` inside a transaction the caller holds."""
-        row = conn.execute(select(operations).where(operations.c.id == op_id)).first()
+        row = conn.execute(_FIND, {"k_id": op_id}).first()
         return None if row is None else _row(row)
 
     def find(self, op_id: str) -> Operation | None:
         with self.engine.connect().execution_options(**READONLY) as conn:
-            row = conn.execute(select(operations).where(operations.c.id == op_id)).first()
+            row = conn.execute(_FIND, {"k_id": op_id}).first()
         return None if row is None else _row(row)
 
     def active(self, *, instance_id: str | None = None, host: str | None = None) -> list[Operation]:
@@ -271,16 +292,8 @@ class Operations:
     def active_cleanups(self) -> list[tuple[float, str, str]]:
         """(created_at, id, host) of the unfinished clean-ups and deletes, oldest first: what
         the conductor reads at every poll, without decoding every active operation."""
-        query = (
-            select(operations.c.created_at, operations.c.id, operations.c.host)
-            .where(
-                operations.c.state.in_(ACTIVE_STATES),
-                operations.c.kind.in_(("cleanup", "delete")),
-            )
-            .order_by(operations.c.created_at, operations.c.id)
-        )
         with self.engine.connect().execution_options(**READONLY) as conn:
-            return [(float(c), str(i), str(h)) for c, i, h in conn.execute(query)]
+            return [(float(c), str(i), str(h)) for c, i, h in conn.execute(_CLEANUPS)]
 
     def of_migration(self, migration_id: str) -> list[Operation]:
         with self.engine.connect().execution_options(**READONLY) as conn:

@@ -56,7 +56,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, bindparam, select
 
 from stowage.bus.base import BusError, RemoteError, Transport, compute_topic
 from stowage.domain.errors import NotFound
@@ -65,7 +65,6 @@ from stowage.ledger.db import READONLY
 from stowage.ledger.operations import Operation, OperationEnded, Operations
 from stowage.ledger.schema import (
     allocations,
-    consumer_key,
     consumers,
     hosts,
     numa_claims,
@@ -142,31 +141,37 @@ def claim_of(cloud: Cloud, consumer_id: str) -> dict[str, Any] | None:
         return claim_in(conn, consumer_id)
 
 
+# `claim_in`'s reads, built once (every spawn and move makes them: docs/performance.md,
+# session 8). The consumer's key is read once, with its host.
+_CLAIM_HOST = (
+    select(hosts.c.name, consumers.c.seq)
+    .select_from(consumers.join(hosts, hosts.c.id == consumers.c.host_id))
+    .where(consumers.c.id == bindparam("consumer"))
+)
+_CLAIM_PINS = select(pins.c.guest_vcpu, pins.c.cpu_id).where(
+    pins.c.consumer_seq == bindparam("seq"), pins.c.guest_vcpu.is_not(None)
+)
+_CLAIM_CELLS = (
+    select(numa_claims.c.cell_id)
+    .where(numa_claims.c.consumer_seq == bindparam("seq"))
+    .order_by(numa_claims.c.guest_cell)
+)
+_CLAIM_MEMORY = select(allocations.c.amount).where(
+    allocations.c.consumer_seq == bindparam("seq"),
+    allocations.c.resource_class == ResourceClass.MEMORY_MB.value,
+)
+
+
 def claim_in(conn: Connection, consumer_id: str) -> dict[str, Any] | None:
     """`claim_of` inside a transaction the caller holds."""
-    host = conn.execute(
-        select(hosts.c.name)
-        .select_from(consumers.join(hosts, hosts.c.id == consumers.c.host_id))
-        .where(consumers.c.id == consumer_id)
-    ).scalar()
-    if host is None:
+    found = conn.execute(_CLAIM_HOST, {"consumer": consumer_id}).first()
+    if found is None:
         return None
-    pinned = conn.execute(
-        select(pins.c.guest_vcpu, pins.c.cpu_id).where(
-            pins.c.consumer_seq == consumer_key(consumer_id), pins.c.guest_vcpu.is_not(None)
-        )
-    ).all()
-    cells = conn.execute(
-        select(numa_claims.c.cell_id)
-        .where(numa_claims.c.consumer_seq == consumer_key(consumer_id))
-        .order_by(numa_claims.c.guest_cell)
-    ).scalars()
-    memory = conn.execute(
-        select(allocations.c.amount).where(
-            allocations.c.consumer_seq == consumer_key(consumer_id),
-            allocations.c.resource_class == ResourceClass.MEMORY_MB.value,
-        )
-    ).scalar()
+    host, seq = found
+    key = {"seq": seq}
+    pinned = conn.execute(_CLAIM_PINS, key).all()
+    cells = conn.execute(_CLAIM_CELLS, key).scalars()
+    memory = conn.execute(_CLAIM_MEMORY, key).scalar()
     return {
         "host": host,
         "pins": {str(v): int(c) for v, c in pinned},
