@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -545,3 +546,46 @@ def test_a_view_older_than_the_pruned_change_log_reads_every_host_again(
     assert sum(view.hosts[h].used.get(ResourceClass.MEMORY_MB, 0) for h in ids.values()) == (
         4 * FILLER.memory_mb
     )
+
+
+# --- the view out of the cyclic collector's reach -----------------------------------------
+
+
+@pytest.fixture
+def thawed() -> Iterator[None]:
+    """Whatever a test freezes goes back to the collector afterwards."""
+    yield
+    gc.unfreeze()
+
+
+def _collected(obj: object) -> bool:
+    """True while the cyclic collector still walks `obj` (frozen objects are not listed)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_a_freezing_scheduler_freezes_its_view_after_each_full_read(
+    ledger: Ledger, clock: Clock, thawed: None
+) -> None:
+    ids = register(ledger, "h1", "h2")
+    behind = Scheduler(ledger, clock=clock, freeze_view=True)
+    ahead = Scheduler(ledger, clock=clock)
+    first = behind.current_view()
+    assert not _collected(first.hosts[ids["h1"]])
+    assert all(p.ok for p in ahead.schedule([req(FILLER) for _ in range(2)]))
+    clock.now += 3600
+    ledger.heartbeat()
+    assert ledger.prune_changes(older_than_s=600) > 0
+
+    view = behind.current_view()  # the pruned log: every host read again
+
+    assert view.loads == 2
+    assert_view_matches_ledger(view, ledger)
+    assert not any(_collected(h) for h in view.hosts.values())
+
+
+def test_a_scheduler_leaves_the_collector_alone_by_default(
+    ledger: Ledger, clock: Clock, thawed: None
+) -> None:
+    ids = register(ledger, "h1")
+    view = Scheduler(ledger, clock=clock).current_view()
+    assert _collected(view.hosts[ids["h1"]])

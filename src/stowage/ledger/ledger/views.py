@@ -51,6 +51,7 @@ class Views(Groups):
                 view.add_group(_group_from_row(row._mapping))
             for state, contribution in self._read_hosts(conn, None):
                 view.replace_host(state, contribution)
+        view.loads = 1
         return view
 
     def refresh(
@@ -99,6 +100,7 @@ class Views(Groups):
                 deferred_max -= 1
             view.stale -= wanted
             if missed:
+                view.loads += 1
                 view.stale.clear()
                 for row in conn.execute(select(server_groups)):
                     view.add_group(_group_from_row(row._mapping))
