@@ -6,6 +6,7 @@ import gc
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -649,3 +650,13 @@ def test_a_refresh_on_sqlite_fetches_no_change_row_of_its_own_claims(
     # The one row of the other worker's claim, none of the five the worker applied itself.
     assert [tuple(row) for row in fetched] == [(ids["h3"],)]
     assert_view_matches_ledger(view, ledger)
+
+
+def test_a_cloud_freezes_its_schedulers_view_only_when_its_config_says(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    from stowage.services.cloud import Cloud, CloudConfig
+
+    assert not Cloud(CloudConfig(state_dir=tmp_path / "a"), ledger).scheduler.freeze_view
+    frozen = CloudConfig(state_dir=tmp_path / "b", scheduler_freeze_view=True)
+    assert Cloud(frozen, ledger).scheduler.freeze_view
