@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import inspect
 import json
 import math
 import multiprocessing as mp
@@ -393,6 +394,7 @@ def _stowage_worker(
     instances: int,
     batch: int,
     shard: bool,
+    freeze_view: bool,
     barrier: Any,
     results: Any,
 ) -> None:
@@ -406,7 +408,11 @@ def _stowage_worker(
             rng=rng,
             shard=(index, procs) if shard and procs > 1 else None,
         )
-        scheduler = Scheduler(ledger, pipeline=pipeline, batch_max=batch)
+        options: dict[str, Any] = {}
+        if freeze_view and "freeze_view" in inspect.signature(Scheduler).parameters:
+            # The view out of the cyclic collector's reach; an older --before-src lacks it.
+            options["freeze_view"] = True
+        scheduler = Scheduler(ledger, pipeline=pipeline, batch_max=batch, **options)
         rss_before_view = _rss_mib()
         t_view = time.monotonic()
         scheduler.current_view()
@@ -743,7 +749,9 @@ def run_config(
         sys.path.insert(0, str(src))
     try:
         out = _run_processes(
-            _stowage_worker, procs, (url, args.seed, args.instances, args.batch, args.shard)
+            _stowage_worker,
+            procs,
+            (url, args.seed, args.instances, args.batch, args.shard, args.freeze_view),
         )
     finally:
         if src is not None:
@@ -1122,6 +1130,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         dest="shard",
         action="store_false",
         help="let every scheduler process start anywhere (default: each prefers its shard)",
+    )
+    p.add_argument(
+        "--no-freeze-view",
+        dest="freeze_view",
+        action="store_false",
+        help="leave the view to the cyclic collector (default: Scheduler(freeze_view=True))",
     )
     p.add_argument(
         "--baseline-claims",

@@ -417,6 +417,7 @@ def up(
         console_token_ttl_s=console_token_ttl,
         host_ip=host_ip,
         resume_guests_state_on_host_boot=resume_guests_state_on_host_boot,
+        scheduler_freeze_view=True,
     )
     if topology is not None:
         from stowage.domain.errors import InvalidSpec
@@ -699,6 +700,7 @@ def conductor_process(
         conductor_name=name,
         shelved_offload_time_s=shelved_offload_time,
         volume_dir=_volume_dir(state_dir, volume_dir),
+        scheduler_freeze_view=True,
     )
     from stowage.virt.images import HttpImageFetcher, ImageCache
 

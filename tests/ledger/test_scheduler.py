@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from stowage.domain.claims import ConsumerKind, RefusalCode
 from stowage.domain.flavor import Flavor, InstanceShape, shape_of
@@ -545,3 +547,116 @@ def test_a_view_older_than_the_pruned_change_log_reads_every_host_again(
     assert sum(view.hosts[h].used.get(ResourceClass.MEMORY_MB, 0) for h in ids.values()) == (
         4 * FILLER.memory_mb
     )
+
+
+# --- the view out of the cyclic collector's reach -----------------------------------------
+
+
+@pytest.fixture
+def thawed() -> Iterator[None]:
+    """Whatever a test freezes goes back to the collector afterwards."""
+    yield
+    gc.unfreeze()
+
+
+def _collected(obj: object) -> bool:
+    """True while the cyclic collector still walks `obj` (frozen objects are not listed)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_a_freezing_scheduler_freezes_its_view_after_each_full_read(
+    ledger: Ledger, clock: Clock, thawed: None
+) -> None:
+    ids = register(ledger, "h1", "h2")
+    behind = Scheduler(ledger, clock=clock, freeze_view=True)
+    ahead = Scheduler(ledger, clock=clock)
+    first = behind.current_view()
+    assert not _collected(first.hosts[ids["h1"]])
+    assert all(p.ok for p in ahead.schedule([req(FILLER) for _ in range(2)]))
+    clock.now += 3600
+    ledger.heartbeat()
+    assert ledger.prune_changes(older_than_s=600) > 0
+
+    view = behind.current_view()  # the pruned log: every host read again
+
+    assert view.loads == 2
+    assert_view_matches_ledger(view, ledger)
+    assert not any(_collected(h) for h in view.hosts.values())
+
+
+def test_a_scheduler_leaves_the_collector_alone_by_default(
+    ledger: Ledger, clock: Clock, thawed: None
+) -> None:
+    ids = register(ledger, "h1")
+    view = Scheduler(ledger, clock=clock).current_view()
+    assert _collected(view.hosts[ids["h1"]])
+
+
+# --- two schedulers on one ledger: each view reads the other's claims, not its own ---------
+
+
+def test_two_schedulers_on_one_ledger_each_see_the_others_claims(
+    ledger: Ledger, clock: Clock
+) -> None:
+    ids = register(ledger, *(f"h{i}" for i in range(32)))
+    a = Scheduler(ledger, clock=clock, seed=1)
+    b = Scheduler(ledger, clock=clock, seed=2)
+    for _ in range(3):  # interleaved batches, each worker's claims applied to its own view
+        assert all(p.ok for p in a.schedule([req(SMALL) for _ in range(10)]))
+        assert all(p.ok for p in b.schedule([req(FILLER) for _ in range(5)]))
+    # More of b's change rows (one a host a transaction) than a refresh's window behind.
+    for _ in range(300):
+        assert b.schedule([req(SMALL)])[0].ok
+    assert all(p.ok for p in a.schedule([req(SMALL) for _ in range(4)]))
+
+    for worker in (a, b):
+        view = worker.current_view()
+        assert_view_matches_ledger(view, ledger)
+        used = sum(view.hosts[h].used.get(ResourceClass.MEMORY_MB, 0) for h in ids.values())
+        assert used == 334 * SMALL.memory_mb + 15 * FILLER.memory_mb
+    assert a.conflicts == b.conflicts == 0
+    assert_clean(ledger)
+
+
+def test_a_refresh_on_sqlite_fetches_no_change_row_of_its_own_claims(
+    ledger: Ledger, clock: Clock
+) -> None:
+    if ledger.engine.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL commits sequences out of order: its refresh reads a window")
+    ids = register(ledger, "h1", "h2", "h3")
+    worker = Scheduler(ledger, clock=clock)
+    other = Scheduler(ledger, clock=clock)
+    assert other.schedule([req(SMALL, force_host="h3")])[0].ok
+    worker.current_view()
+    for _ in range(5):
+        assert worker.schedule([req(SMALL)])[0].ok
+    assert other.schedule([req(SMALL, force_host="h3")])[0].ok
+    reads: list[tuple[str, Any]] = []
+
+    def note(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, _many: bool) -> None:
+        # The rows themselves, not the bounds (min and max).
+        bounds = "min(" in statement.lower() or "max(" in statement.lower()
+        if statement.lstrip().startswith("SELECT") and "FROM changes" in statement and not bounds:
+            reads.append((statement, params))
+
+    event.listen(ledger.engine, "before_cursor_execute", note)
+    try:
+        view = worker.current_view()
+    finally:
+        event.remove(ledger.engine, "before_cursor_execute", note)
+
+    with ledger.engine.connect() as conn:  # the same reads again, on the same rows
+        fetched = [row for sql, params in reads for row in conn.exec_driver_sql(sql, params)]
+    # The one row of the other worker's claim, none of the five the worker applied itself.
+    assert [tuple(row) for row in fetched] == [(ids["h3"],)]
+    assert_view_matches_ledger(view, ledger)
+
+
+def test_a_cloud_freezes_its_schedulers_view_only_when_its_config_says(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    from stowage.services.cloud import Cloud, CloudConfig
+
+    assert not Cloud(CloudConfig(state_dir=tmp_path / "a"), ledger).scheduler.freeze_view
+    frozen = CloudConfig(state_dir=tmp_path / "b", scheduler_freeze_view=True)
+    assert Cloud(frozen, ledger).scheduler.freeze_view

@@ -72,6 +72,8 @@ class View:
         self.groups: dict[str, GroupState] = {}
         self.host_groups: dict[int, HostGroups] = {}
         self.seq = 0
+        # How many times every host was read (a first load, a reload after a pruned log).
+        self.loads = 0
         # Ledger change rows already applied, kept for a window behind `seq` because
         # sequence numbers may commit out of order.
         self.seen: set[int] = set()

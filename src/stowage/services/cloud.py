@@ -96,6 +96,12 @@ class CloudConfig:
     quota_driver: str = "legacy"
     # Nova's [consoleauth] token_ttl: how long a console URL's one-time token stays valid.
     console_token_ttl_s: float = 600.0
+    # The scheduler's view out of the cyclic collector's reach after each full read
+    # (Scheduler(freeze_view=True), gc.freeze of the whole process): on for the processes
+    # that hold one cloud for their lifetime and schedule (`stowage up`, `stowage conductor`);
+    # off where a process makes many clouds (tests, the simulation), whose frozen cycles
+    # would never be collected.
+    scheduler_freeze_view: bool = False
 
     @property
     def base_url(self) -> str:
@@ -116,7 +122,7 @@ class Cloud:
         # What validated tokens said, dropped on any change to what validation reads.
         self.validated_tokens = ValidationCache()
         self.objects.watch(("revoked_token", "user", "project"), self.validated_tokens.changed)
-        self.scheduler = Scheduler(ledger, clock=clock)
+        self.scheduler = Scheduler(ledger, clock=clock, freeze_view=config.scheduler_freeze_view)
         # Where a process without the image API's files (a production conductor on a host of
         # its own) reads an image's data: a cache fetched from the image API.
         self.remote_images: ImageCache | None = None

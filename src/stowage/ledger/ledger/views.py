@@ -42,15 +42,17 @@ class Views(Groups):
             view.seq = int(
                 conn.execute(select(func.coalesce(func.max(changes.c.seq), 0))).scalar_one()
             )
-            view.seen.update(
-                conn.execute(
-                    select(changes.c.seq).where(changes.c.seq > view.seq - _REREAD_WINDOW)
-                ).scalars()
-            )
+            if self._pg:  # SQLite's refresh needs no window (see `refresh`)
+                view.seen.update(
+                    conn.execute(
+                        select(changes.c.seq).where(changes.c.seq > view.seq - _REREAD_WINDOW)
+                    ).scalars()
+                )
             for row in conn.execute(select(server_groups)):
                 view.add_group(_group_from_row(row._mapping))
             for state, contribution in self._read_hosts(conn, None):
                 view.replace_host(state, contribution)
+        view.loads = 1
         return view
 
     def refresh(
@@ -63,42 +65,43 @@ class Views(Groups):
     ) -> int:
         """Bring `view` up to date with committed changes; returns how many hosts were read.
 
-        Sequence numbers can commit out of order on PostgreSQL, so each refresh looks a
-        window behind the newest sequence it saw and skips the rows it has already seen,
-        and the rows its own writer committed and applied. Changed hosts for which `defer`
-        is true (another worker's shard) are only marked stale, and at most `deferred_max`
-        of those are read per refresh, so a worker does not spend its time re-reading hosts
-        it seldom uses; a stale host it does use costs at worst a refused claim and a retry.
+        The rows its own writer committed are left out: the view applied those claims
+        itself. On SQLite writers take turns, so change rows commit in sequence order and a
+        read sees every row up to the newest one: a refresh reads the other writers' rows
+        after the view's sequence, then takes the newest as its own. Sequence numbers can
+        commit out of order on PostgreSQL, so there each refresh looks a window behind the
+        newest sequence it saw and skips the rows it has already seen. Changed hosts for
+        which `defer` is true (another worker's shard) are only marked stale, and at most
+        `deferred_max` of those are read per refresh, so a worker does not spend its time
+        re-reading hosts it seldom uses; a stale host it does use costs at worst a refused
+        claim and a retry.
         """
         wanted = set(host_ids)
         with self.engine.connect().execution_options(**READONLY) as conn, conn.begin():
-            oldest = conn.execute(select(func.min(changes.c.seq))).scalar()
+            oldest, newest = conn.exec_driver_sql(_BOUNDS).one()
             # Rows this view never saw were pruned: it reads every host again.
             missed = oldest is not None and oldest > view.seq + 1
-            rows = conn.execute(
-                select(changes.c.seq, changes.c.host_id, changes.c.writer).where(
-                    changes.c.seq > max(0, view.seq - _REREAD_WINDOW)
-                )
-            ).all()
-            for seq, host_id, writer in rows:
-                if seq in view.seen:
-                    continue
-                view.seen.add(seq)
-                view.seq = max(view.seq, seq)
-                if writer and writer == view.writer:
-                    continue
+            if self._pg:
+                changed = self._changes_windowed(conn, view)
+            elif newest is not None and newest > view.seq:
+                # Writers take turns: every row up to `newest` is in this read.
+                changed = [
+                    h for (h,) in conn.exec_driver_sql(_OTHERS, (view.seq, newest, view.writer))
+                ]
+                view.seq = int(newest)
+            else:
+                changed = []
+            for host_id in changed:
                 if defer is not None and defer(host_id):
                     view.stale.add(int(host_id))
                 else:
                     wanted.add(int(host_id))
-            floor = view.seq - _REREAD_WINDOW
-            if len(view.seen) > 4 * _REREAD_WINDOW:
-                view.seen = {s for s in view.seen if s > floor}
             while view.stale and deferred_max > 0:
                 wanted.add(view.stale.pop())
                 deferred_max -= 1
             view.stale -= wanted
             if missed:
+                view.loads += 1
                 view.stale.clear()
                 for row in conn.execute(select(server_groups)):
                     view.add_group(_group_from_row(row._mapping))
@@ -111,6 +114,27 @@ class Views(Groups):
             for state, contribution in self._read_hosts(conn, sorted(wanted)):
                 view.replace_host(state, contribution)
         return len(wanted)
+
+    def _changes_windowed(self, conn: Connection, view: View) -> list[int]:
+        """PostgreSQL: the hosts of rows not seen yet, a window behind the newest seen."""
+        rows = conn.execute(
+            select(changes.c.seq, changes.c.host_id, changes.c.writer).where(
+                changes.c.seq > max(0, view.seq - _REREAD_WINDOW)
+            )
+        ).all()
+        out = []
+        for seq, host_id, writer in rows:
+            if seq in view.seen:
+                continue
+            view.seen.add(seq)
+            view.seq = max(view.seq, seq)
+            if writer and writer == view.writer:
+                continue
+            out.append(host_id)
+        floor = view.seq - _REREAD_WINDOW
+        if len(view.seen) > 4 * _REREAD_WINDOW:
+            view.seen = {s for s in view.seen if s > floor}
+        return out
 
     def prune_changes(self, *, older_than_s: float = 600.0) -> int:
         """Forget change rows older than any view still needs; returns how many went.
@@ -270,6 +294,15 @@ class Views(Groups):
 _KNOWN_CLASSES = frozenset(rc.value for rc in ResourceClass)
 
 _LIVENESS = "SELECT id, last_seen, forced_down, disabled FROM hosts"
+
+# The oldest and newest change rows (each subquery one step down the primary key).
+_BOUNDS = "SELECT (SELECT min(seq) FROM changes), (SELECT max(seq) FROM changes)"
+
+# SQLite: the hosts other writers changed after a view's sequence (a writer of '' is none).
+_OTHERS = (
+    "SELECT host_id FROM changes WHERE seq > ? AND seq <= ?"
+    " AND (writer IS NULL OR writer = '' OR writer != ?)"
+)
 
 
 # Sequence numbers re-read behind the newest seen, to catch commits that landed out of order.
