@@ -38,7 +38,8 @@ __all__ = ["Document", "NewDocument", "ObjectStore", "decode_body"]
 # The most frequent read of all (a flavor, an image, a token's user and project: several per
 # request), built once: building the statement anew took most of its CPU (about 170 of 290 us
 # per call, measured 2026-12-02), the SQL is the same.
-_FIND = select(objects).where(objects.c.kind == bindparam("kind"), objects.c.id == bindparam("id"))
+_KEY = (objects.c.kind == bindparam("k_kind"), objects.c.id == bindparam("k_id"))
+_FIND = select(objects).where(*_KEY)
 _FIND_EACH = select(objects).where(
     tuple_(objects.c.kind, objects.c.id).in_(bindparam("keys", expanding=True))
 )
@@ -46,7 +47,6 @@ _INSERT = insert(objects)  # the same holds for the insert of every new document
 # And for the writes of every step (a boot's spawn, its ports, its action record): a prebuilt
 # statement runs in about a quarter of the CPU of one built per call (55 against 190 us for a
 # read by key on SQLite, measured 2026-12-02, session 8).
-_KEY = (objects.c.kind == bindparam("k_kind"), objects.c.id == bindparam("k_id"))
 _FIND_FOR_UPDATE = select(objects.c.body).where(*_KEY).with_for_update()
 _UPDATE = (
     update(objects)
@@ -355,12 +355,12 @@ class ObjectStore:
 
     def find_in(self, conn: Connection, kind: str, id: str) -> Document | None:
         """`find` inside a transaction the caller holds (its own writes are seen)."""
-        row = conn.execute(_FIND, {"kind": kind, "id": id}).first()
+        row = conn.execute(_FIND, {"k_kind": kind, "k_id": id}).first()
         return None if row is None else _doc(row)
 
     def find(self, kind: str, id: str) -> Document | None:
         with self.reading() as conn:
-            row = conn.execute(_FIND, {"kind": kind, "id": id}).first()
+            row = conn.execute(_FIND, {"k_kind": kind, "k_id": id}).first()
         return None if row is None else _doc(row)
 
     def find_each(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], Document]:
@@ -408,34 +408,24 @@ class ObjectStore:
             raise ValueError(f"{kind} documents keep no ref")
         params: dict[str, Any] = {"kind": kind, "ref": ref, "project_id": project_id}
         params.update(name=name, ids=None if ids is None else list(ids), limit=limit)
-        if marker is None:
-            with self.reading() as conn:
-                return [_doc(row) for row in conn.execute(_list_statement(params), params)]
-        query = select(objects).where(objects.c.kind == kind)
-        if ref is not None:
-            query = query.where(objects.c.ref == ref)
-        if project_id is not None:
-            query = query.where(objects.c.project_id == project_id)
-        if name is not None:
-            query = query.where(objects.c.name == name)
-        if ids is not None:
-            query = query.where(objects.c.id.in_(params["ids"]))
+        query = _list_statement(params)
         with self.reading() as conn:
-            anchor = conn.execute(
-                select(objects.c.created_at).where(objects.c.kind == kind, objects.c.id == marker)
-            ).scalar()
-            if anchor is None:
-                raise NotFound(f"marker {marker} could not be found")
-            query = query.where(
-                or_(
-                    objects.c.created_at > anchor,
-                    and_(objects.c.created_at == anchor, objects.c.id > marker),
+            if marker is not None:
+                anchor = conn.execute(
+                    select(objects.c.created_at).where(
+                        objects.c.kind == kind, objects.c.id == marker
+                    )
+                ).scalar()
+                if anchor is None:
+                    raise NotFound(f"marker {marker} could not be found")
+                # The page after the marker: the same filters, order and limit.
+                query = query.where(
+                    or_(
+                        objects.c.created_at > anchor,
+                        and_(objects.c.created_at == anchor, objects.c.id > marker),
+                    )
                 )
-            )
-            query = query.order_by(objects.c.created_at, objects.c.id)
-            if limit is not None:
-                query = query.limit(limit)
-            return [_doc(row) for row in conn.execute(query)]
+            return [_doc(row) for row in conn.execute(query, params)]
 
 
 _LISTS: dict[frozenset[str], Select[Any]] = {}
