@@ -49,11 +49,13 @@ MiB_IN_KiB = 1024
 TOPOLOGY = HostTopology.uniform(cells=2, cores_per_cell=4, threads_per_core=2)
 
 
-def _wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+def _wait_for(
+    predicate: Callable[[], bool], what: str | Callable[[], str], timeout_s: float = 30.0
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
+            pytest.fail(f"timed out waiting for {what() if callable(what) else what}")
         time.sleep(0.02)
 
 
@@ -207,15 +209,19 @@ def test_power_off_on_and_reboot(
     driver.power_on(iid)  # already on: nothing to do
     assert driver.running()[iid] == {"pins": {0: 9}, "state": InstanceState.RUNNING}
 
-    before = len([e for e in events if e[0] == iid])
+    # Events arrive on the driver's event thread, after the call that caused them returns:
+    # wait for the whole sequence so far (a count taken before the last one lands would shift
+    # the window and miss the reboot's), then for the reboot's on top of it.
+    def seen() -> list[str]:
+        return [event for who, event in events if who == iid]
+
+    so_far = ["defined", "started", "stopped", "started"]
+    _wait_for(lambda: seen() == so_far, lambda: f"the lifecycle events {so_far}, seen {seen()}")
     driver.reboot(iid)
     assert driver.running()[iid]["state"] is InstanceState.RUNNING
     # A hard reboot is a stop and a start; the lifecycle callback sees both.
-    _wait_for(
-        lambda: [e for e in events if e[0] == iid][before:] == [(iid, "stopped"), (iid, "started")],
-        "the reboot's lifecycle events",
-    )
-    assert [e for e in events if e[0] == iid][:2] == [(iid, "defined"), (iid, "started")]
+    so_far += ["stopped", "started"]
+    _wait_for(lambda: seen() == so_far, lambda: f"the reboot's lifecycle events, seen {seen()}")
 
     driver.power_off(iid)
     driver.reboot(iid)  # a stopped instance comes back up
