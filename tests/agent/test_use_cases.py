@@ -460,6 +460,70 @@ def test_two_writers_of_one_instance_from_the_same_read_lose_nothing(cloud: Clou
     assert (body["metadata"], body["locked"]) == ({"owner": "ops"}, True)
 
 
+def test_a_writer_that_names_a_stale_current_body_reads_again_and_loses_nothing(
+    cloud: Cloud,
+) -> None:
+    """`current` (the body as the writer's transaction read it) spares the swap a second
+    read; when it is stale after all, the swap misses and the document is read again: the
+    other writer's change stays, this one's lands, and a moved field is still a conflict."""
+    from stowage.domain.errors import ConflictError
+    from stowage.services.instances import write_instance
+
+    (vm,) = (d["id"] for d in build_servers(cloud, request(1), "req"))
+    read = cloud.objects.get("instance", vm).body
+    write_instance(cloud, vm, read, {**read, "metadata": {"owner": "ops"}})
+    with cloud.ledger.engine.begin() as conn:
+        written = write_instance(cloud, vm, read, {**read, "locked": True}, conn=conn, current=read)
+    body = cloud.objects.get("instance", vm).body
+    assert (body["metadata"], body["locked"]) == ({"owner": "ops"}, True)
+    assert written == body
+    write_instance(cloud, vm, body, {**body, "task_state": "deleting"})
+    with pytest.raises(ConflictError, match="task_state"), cloud.ledger.engine.begin() as conn:
+        write_instance(cloud, vm, body, {**body, "task_state": "x"}, conn=conn, current=body)
+    assert cloud.objects.get("instance", vm).body["task_state"] == "deleting"
+
+
+def test_a_spawn_reads_the_instance_once_in_its_commit_and_not_its_operation_after(
+    cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit that makes a spawned instance ACTIVE reads its document once (the swap,
+    the volumes' attachments and the event reuse that read: before, three reads and a
+    transaction of their own), and the drive loop does not read the operation again to learn
+    that the step ended it."""
+    (vm,) = (d["id"] for d in build_servers(cloud, request(1), "req"))
+    phase: list[str] = ["before"]
+    op_ids: list[str] = []
+    reads: list[tuple[str, str]] = []
+    spawned = Conductor._spawned
+
+    def watched(self: Conductor, op: Any, reply: Any) -> None:
+        op_ids.append(op.id)
+        phase[0] = "spawned"
+        try:
+            spawned(self, op, reply)
+        finally:
+            phase[0] = "after"
+
+    def on_execute(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if not statement.lstrip().upper().startswith("SELECT"):
+            return
+        values = set(params.values() if isinstance(params, dict) else params or ())
+        if vm in values and "objects" in statement:
+            reads.append((phase[0], "instance"))
+        if op_ids and op_ids[0] in values and "operations" in statement:
+            reads.append((phase[0], "operation"))
+
+    monkeypatch.setattr(Conductor, "_spawned", watched)
+    event.listen(cloud.ledger.engine, "before_cursor_execute", on_execute)
+    try:
+        drive(cloud, tmp_path, lambda: statuses(cloud) == ["ACTIVE"])
+    finally:
+        event.remove(cloud.ledger.engine, "before_cursor_execute", on_execute)
+    assert len(op_ids) == 1
+    assert [r for r in reads if r[0] == "spawned"] == [("spawned", "instance")], reads
+    assert ("after", "operation") not in reads, reads
+
+
 def test_a_stale_writer_does_not_undo_another_writers_transition(cloud: Cloud) -> None:
     """A field another writer changed since this writer's read is a conflict, not overwritten
     (a conductor finishing a step must not undo a delete's task state)."""

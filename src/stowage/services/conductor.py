@@ -211,6 +211,9 @@ class Conductor:
         self.owner = owner or "conductor-" + uuid.uuid4().hex[:12]
         self.ops = Operations(cloud.ledger.engine, clock=cloud.clock, guarded=True)
         self._active: dict[str, asyncio.Task[None]] = {}
+        # Operations a step of this conductor ended in its commit (id: state), so that the
+        # drive loop does not read them again to learn it.
+        self._ended_here: dict[str, str] = {}
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -342,6 +345,11 @@ class Conductor:
                     # The instance (or its migration) is gone: a delete overtook this op.
                     await asyncio.to_thread(self._give_up, current, str(exc))
                     return
+                ended = self._ended_here.pop(current.id, None)
+                if ended is not None:
+                    # The step ended it in its own commit: nothing to read again.
+                    current = dataclasses.replace(current, state=ended)
+                    break
                 current = await asyncio.to_thread(self.ops.find, current.id)
             if current is not None and current.finished:
                 age_s = max(0.0, self.cloud.clock() - current.created_at)
@@ -354,6 +362,8 @@ class Conductor:
         except Exception:
             log.exception("operation %s (%s) failed in the conductor", op.id, op.kind)
             await asyncio.to_thread(self._retry_later, op, "conductor error")
+        finally:
+            self._ended_here.pop(op.id, None)
 
     def _retry_later(self, op: Operation, why: str, failed: bool = False) -> None:
         attempts = op.attempts + 1
@@ -551,10 +561,15 @@ class Conductor:
                 claim = claim_in(conn, op.instance_id)
                 if claim is None:
                     raise NotFound(f"instance {op.instance_id} holds no claim")
+                doc = cloud.objects.find_in(conn, "instance", op.instance_id)
+                if doc is None:
+                    raise NotFound(f"instance {op.instance_id} is gone")
                 new: list[str] = []
-                devices, why = server_volumes.spawn_volumes(cloud, op.instance_id, new=new)
+                devices, why = server_volumes.spawn_volumes(
+                    cloud, op.instance_id, new=new, body=doc.body
+                )
                 if not new or driven:
-                    guest = {} if why else guest_payload(cloud, op.instance_id)
+                    guest = {} if why else guest_payload(cloud, op.instance_id, body=doc.body)
                     return claim, devices, why, guest
             for volume_id in new:
                 volume_service.drive(cloud, "volume", volume_id)
@@ -589,10 +604,9 @@ class Conductor:
 
     def _spawned(self, op: Operation, reply: Reply) -> None:
         cloud = self.cloud
-        before = cloud.objects.get("instance", op.instance_id).body
-        body = dict(before)
         if reply.get("ok") and op.kind == "rebuild" and op.payload.get("stopped"):
             # Nova keeps a stopped server stopped through a rebuild: power it off again.
+            cloud.objects.get("instance", op.instance_id)  # gone: NotFound, as any spawn
             with cloud.ledger.engine.begin() as conn:
                 self.ops.advance(
                     conn, op.id, step="power", payload={**op.payload, "action": "os-stop"}
@@ -601,20 +615,32 @@ class Conductor:
         if reply.get("ok"):
             from stowage.services.shelve import drop_image_data, drop_shelved_image_in
 
-            body.update(status="ACTIVE", vm_state="active", power_state=1, task_state=None)
-            if op.kind == "build":
-                body["launched_at"] = cloud.clock()
-            else:
-                body["fault"] = None
-            body.pop("shelved_image_id", None)  # unshelved: its image goes (Nova's)
+            # The instance is read in the commit that writes it (one transaction, and the
+            # swap needs no second read of it).
             with cloud.ledger.engine.begin() as conn:
-                write_instance(cloud, op.instance_id, before, body, conn=conn)
-                server_volumes.attached_ended(cloud, conn, op.instance_id, True)
+                found = cloud.objects.find_in(conn, "instance", op.instance_id)
+                if found is None:
+                    raise NotFound(f"instance {op.instance_id} is gone")
+                before = found.body
+                body = dict(before)
+                body.update(status="ACTIVE", vm_state="active", power_state=1, task_state=None)
+                if op.kind == "build":
+                    body["launched_at"] = cloud.clock()
+                else:
+                    body["fault"] = None
+                body.pop("shelved_image_id", None)  # unshelved: its image goes (Nova's)
+                body = write_instance(
+                    cloud, op.instance_id, before, body, conn=conn, current=before
+                )
+                server_volumes.attached_ended(cloud, conn, body, True)
                 self.ops.advance(conn, op.id, state="done", result=reply)
                 shelved = drop_shelved_image_in(cloud, conn, before)
                 _event(cloud, op, body, "Success", None, conn=conn)
+            self._ended_here[op.id] = "done"
             drop_image_data(cloud, shelved)
             return
+        before = cloud.objects.get("instance", op.instance_id).body
+        body = dict(before)
         message = f"Build of instance {op.instance_id} aborted: {reply.get('error')}"
         body.update(status="ERROR", vm_state="error", power_state=0, task_state=None)
         body["fault"] = {

@@ -48,13 +48,17 @@ def write_document(
     *,
     conn: Connection | None = None,
     name: str | None = None,
+    current: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Apply what changed from `before` to `after` onto the stored document, by
-    compare-and-swap; inside `conn`'s transaction when given. Returns the body written."""
+    compare-and-swap; inside `conn`'s transaction when given. Returns the body written.
+
+    `current`: the stored body as `conn`'s transaction read it (a writer that read `before`
+    there): the first swap is tried on it without reading the document again."""
     if conn is not None:
-        return _swap_changes(cloud, conn, kind, doc_id, before, after, name)
+        return _swap_changes(cloud, conn, kind, doc_id, before, after, name, current)
     with cloud.ledger.engine.begin() as own:
-        return _swap_changes(cloud, own, kind, doc_id, before, after, name)
+        return _swap_changes(cloud, own, kind, doc_id, before, after, name, current)
 
 
 def modify_document(
@@ -91,22 +95,26 @@ def _swap_changes(
     before: Mapping[str, Any],
     after: Mapping[str, Any],
     name: str | None,
+    known: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     changes = changes_of(before, after)
     label = kind.replace("_", " ").capitalize()
     for _ in range(_ATTEMPTS_MAX):
-        current = cloud.objects.find_in(conn, kind, doc_id)
-        if current is None:
-            raise NotFound(f"{label} {doc_id} could not be found.")
+        if known is None:
+            found = cloud.objects.find_in(conn, kind, doc_id)
+            if found is None:
+                raise NotFound(f"{label} {doc_id} could not be found.")
+            known = found.body
+        current, known = known, None  # a lost swap reads the document again
         moved = sorted(
-            k for k in changes if k in before and current.body.get(k) not in (before[k], changes[k])
+            k for k in changes if k in before and current.get(k) not in (before[k], changes[k])
         )
         if moved:
             raise ConflictError(
                 f"{label} {doc_id} changed since it was read ({', '.join(moved)}); try again"
             )
-        new = {**current.body, **changes}
-        if cloud.objects.swap_in(conn, kind, doc_id, current.body, new):
+        new = {**current, **changes}
+        if cloud.objects.swap_in(conn, kind, doc_id, current, new):
             if name is not None:
                 cloud.objects.rename_in(conn, kind, doc_id, name)
             return new

@@ -13,6 +13,7 @@ them, so that every other guest's description is what it was.
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from typing import Any
 
 from stowage.services.cloud import Cloud
@@ -38,16 +39,22 @@ def image_spec(cloud: Cloud, image_id: str) -> dict[str, Any] | None:
 
 
 def guest_payload(
-    cloud: Cloud, instance_id: str, *, flavor: dict[str, Any] | None = None
+    cloud: Cloud,
+    instance_id: str,
+    *,
+    flavor: dict[str, Any] | None = None,
+    body: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What the driver needs besides the claim, for `instance_id`.
 
-    `flavor` overrides the instance's (a resize's new flavor).
+    `flavor` overrides the instance's (a resize's new flavor); `body` is the instance as the
+    caller read it (read here otherwise).
     """
     from stowage.services import networks
 
-    doc = cloud.objects.find("instance", instance_id)
-    body = {} if doc is None else dict(doc.body)
+    if body is None:
+        doc = cloud.objects.find("instance", instance_id)
+        body = {} if doc is None else doc.body
     flavor = flavor or body.get("flavor") or {}
     out: dict[str, Any] = {
         "vcpus": int(flavor.get("vcpus") or 0),

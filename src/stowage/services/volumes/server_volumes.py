@@ -276,15 +276,22 @@ def _add_attachment(
 
 
 def spawn_volumes(
-    cloud: Cloud, instance_id: str, *, new: list[str] | None = None
+    cloud: Cloud,
+    instance_id: str,
+    *,
+    new: list[str] | None = None,
+    body: Mapping[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Before a spawn: drive the instance's new volumes to available, and answer the devices
     with their connections, or why the build cannot go on (Nova's "Volume did not finish
     being created"). Given `new`, nothing is driven: the volumes still being created are
     listed there, and not finished (a caller reading in one transaction, where nothing may be
-    written, drives them after it and asks again)."""
-    doc = cloud.objects.find("instance", instance_id)
-    devices = list((doc.body.get("block_devices") if doc else None) or [])
+    written, drives them after it and asks again). `body`: the instance, as the caller read
+    it (read here otherwise)."""
+    if body is None:
+        doc = cloud.objects.find("instance", instance_id)
+        body = doc.body if doc else {}
+    devices = list(body.get("block_devices") or [])
     backend = backend_of(cloud)
     out = []
     for device in devices:
@@ -304,13 +311,13 @@ def spawn_volumes(
     return out, None
 
 
-def attached_ended(cloud: Cloud, conn: Connection, instance_id: str, ok: bool) -> None:
-    """After the spawn (in its commit): the instance's reserved attachments complete, or,
-    when the build failed, stay reserved until the server is deleted (as Nova leaves them)."""
+def attached_ended(cloud: Cloud, conn: Connection, body: Mapping[str, Any], ok: bool) -> None:
+    """After the spawn (in its commit, `body` the instance as read there): the instance's
+    reserved attachments complete, or, when the build failed, stay reserved until the server
+    is deleted (as Nova leaves them)."""
     if not ok:
         return
-    doc = cloud.objects.find_in(conn, "instance", instance_id)
-    for device in (doc.body.get("block_devices") if doc else None) or []:
+    for device in body.get("block_devices") or []:
         _complete(cloud, conn, device["volume_id"], device["attachment_id"], device["device"])
 
 
