@@ -62,3 +62,27 @@ def test_key_value_lines_and_refused_options(restored_logging: None) -> None:
         configure_logging("xml", "info")
     with pytest.raises(ValueError, match="log level"):
         configure_logging("kv", "loud")
+
+
+def test_structlog_lines_keep_each_loggers_level_and_share_the_stream(
+    restored_logging: None,
+) -> None:
+    """Stowage's structlog lines are written by structlog itself (not through a LogRecord):
+    the standard library's level of each logger still decides, positional arguments are
+    formatted, and a closed stream loses the line without failing the caller."""
+    out = io.StringIO()
+    configure_logging("kv", "info", process="test", stream=out)
+    quiet = logging.getLogger("stowage.test.quiet")
+    quiet.setLevel(logging.ERROR)
+    try:
+        logger("stowage.test.quiet").info("dropped")
+        logger("stowage.test.quiet").error("kept")
+        logger("stowage.test").info("op %s waits", "o1")
+        logging.getLogger("stowage.test").info("std")
+    finally:
+        quiet.setLevel(logging.NOTSET)
+    events = [line.split(" ")[2] for line in out.getvalue().splitlines()]
+    assert events == ["event='kept'", "event='op", "event='std'"]
+    assert "event='op o1 waits'" in out.getvalue()
+    out.close()
+    logger("stowage.test").info("after the stream closed")  # does not raise
