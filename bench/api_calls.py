@@ -77,11 +77,16 @@ class Statements:
 
     def install(self, ledger: Ledger) -> None:
         event.listen(ledger.engine, "before_cursor_execute", self.count)
+        # Transactions by the engine's own event: SQLite's BEGIN goes to the driver directly
+        # (no cursor execute to see), PostgreSQL's is the driver's implicit one.
+        event.listen(ledger.engine, "begin", lambda _conn: self.counted("BEGIN"))
 
     def count(self, *args: Any) -> None:
+        self.counted(args[2].split()[0].upper())
+
+    def counted(self, word: str) -> None:
         if not self.on:
             return
-        word = args[2].split()[0].upper()
         self.kinds[word] += 1
         frames = [
             f

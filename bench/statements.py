@@ -186,9 +186,17 @@ def main() -> None:
 
     @event.listens_for(ledger.engine, "before_cursor_execute")
     def _count(*_args: Any) -> None:
+        _counted(_args[2].split()[0].upper())
+
+    # Transactions by the engine's own event: SQLite's BEGIN goes to the driver directly
+    # (no cursor execute to see), PostgreSQL's is the driver's implicit one.
+    @event.listens_for(ledger.engine, "begin")
+    def _count_begin(_conn: Any) -> None:
+        _counted("BEGIN")
+
+    def _counted(word: str) -> None:
         if not counting[0]:
             return
-        word = _args[2].split()[0].upper()
         where = _where()
         if any(p in where for p in polls):
             return  # this script's own wait for ACTIVE, not the boot's work

@@ -85,3 +85,30 @@ def test_engines_on_one_file_share_the_gate(engine: Engine, tmp_path: Path) -> N
         assert _gate_is_free(engine)
     finally:
         other.dispose()
+
+
+def test_a_begin_that_meets_another_processs_lock_fails_as_sqlalchemys_error(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """BEGIN goes to the driver directly (not through SQLAlchemy's execution): the driver's
+    'database is locked' still comes out as SQLAlchemy's OperationalError (what the claim
+    path's retries catch), and the gate is free after it."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    with engine.connect() as conn:  # the pool's one connection: waits 50 ms, not 60 s
+        conn.exec_driver_sql("PRAGMA busy_timeout=50")
+    other = sqlite3.connect(tmp_path / "gate.db", isolation_level=None)  # as another process
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(OperationalError, match="database is locked"), engine.begin() as conn:
+            conn.execute(text("INSERT INTO n VALUES (1, 1)"))
+        assert _gate_is_free(engine)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO n VALUES (1, 2)"))
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT i FROM n")).scalars().all() == [2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import sqlite3
 import threading
 import weakref
 from pathlib import Path
@@ -14,6 +15,7 @@ import greenlet
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.exc import DBAPIError
 
 __all__ = [
     "GUARD_ENV",
@@ -146,17 +148,26 @@ def _tune_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         # A write transaction takes the lock at BEGIN, so it never fails on lock upgrade.
-        readonly = conn.get_execution_options().get("stowage_readonly", False)
-        if readonly:
-            conn.exec_driver_sql("BEGIN")
-            return
         raw = conn.connection.dbapi_connection
+        if conn.get_execution_options().get("stowage_readonly", False):
+            _begin(raw, "BEGIN")
+            return
         writers.enter(raw)
         try:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            _begin(raw, "BEGIN IMMEDIATE")
         except BaseException:
             writers.leave(raw)
             raise
+
+
+def _begin(raw: Any, statement: str) -> None:
+    """`statement` on the driver's connection itself: through SQLAlchemy's execution (its
+    events, its cursor wrapping) a BEGIN cost about 35 function calls, on every transaction.
+    The driver's error comes out as SQLAlchemy's, as it would have."""
+    try:
+        raw.execute(statement)
+    except sqlite3.Error as exc:
+        raise DBAPIError.instance(statement, (), exc, sqlite3.Error) from exc
 
 
 class _WriterGate:
