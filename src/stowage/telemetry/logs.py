@@ -38,18 +38,6 @@ if not structlog.is_configured():
     _route_to_stdlib()
 
 
-_LEVEL_OF = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "warn": logging.WARNING,
-    "error": logging.ERROR,
-    "exception": logging.ERROR,
-    "critical": logging.CRITICAL,
-    "fatal": logging.CRITICAL,
-}
-
-
 class _Line:
     """The logger structlog wraps once configured: one named standard library logger's
     level decides, and each rendered line goes to the handler's stream under its lock."""
@@ -89,15 +77,8 @@ class _Lines:
 def _enabled(
     logger: _Line, method: str, event: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
-    if not logger.std.isEnabledFor(_LEVEL_OF.get(method, logging.INFO)):
+    if not logger.std.isEnabledFor(structlog.processors.NAME_TO_LEVEL.get(method, logging.INFO)):
         raise structlog.DropEvent
-    return event
-
-
-def _add_logger_name(
-    logger: _Line, _method: str, event: MutableMapping[str, Any]
-) -> MutableMapping[str, Any]:
-    event["logger"] = logger.name
     return event
 
 
@@ -138,15 +119,12 @@ def configure_logging(
     structlog.configure(
         processors=[
             _enabled,
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            _add_logger_name,
-            *shared[2:],
+            *shared,  # a `_Line` has the name `add_logger_name` reads
             structlog.processors.format_exc_info,
             renderer,
         ],
         logger_factory=lines.line,
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        wrapper_class=structlog.make_filtering_bound_logger(level.lower()),
         cache_logger_on_first_use=False,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
