@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import traceback
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -301,3 +302,71 @@ def test_the_conductor_never_uses_the_ledger_on_its_event_loop(
     asyncio.run(scenario())
     event.remove(cloud.ledger.engine, "checkout", checkout)
     assert on_loop == []
+
+
+# --- a process that schedules for its life reads its view before it serves -----------------
+
+
+@pytest.fixture
+def thawed() -> Iterator[None]:
+    """Whatever a test freezes goes back to the collector afterwards."""
+    yield
+    gc.unfreeze()
+
+
+def _freezing(cloud: Cloud) -> Cloud:
+    frozen = Cloud(
+        CloudConfig(state_dir=cloud.config.state_dir, scheduler_freeze_view=True), cloud.ledger
+    )
+    assert frozen.scheduler.freeze_view and frozen.scheduler.view is None
+    return frozen
+
+
+def test_a_freezing_conductor_reads_the_view_and_freezes_before_its_first_lease(
+    cloud: Cloud, tmp_path: Path, thawed: None
+) -> None:
+    """The freeze's first full collection stalled every request in flight when it ran
+    under the first creates; it belongs before the conductor takes work."""
+    frozen = _freezing(cloud)
+    leased_with: list[object] = []
+
+    async def scenario() -> None:
+        async with agents(frozen, tmp_path) as (bus, _servers):
+            conductor = Conductor(frozen, bus, FAST, owner="c1")
+            lease = conductor.ops.lease
+
+            def noting(*args: Any, **kwargs: Any) -> Any:
+                leased_with.append(frozen.scheduler.view)
+                return lease(*args, **kwargs)
+
+            conductor.ops.lease = noting  # type: ignore[method-assign]
+            task = asyncio.create_task(conductor.run())
+            while not leased_with:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())
+    assert leased_with[0] is not None
+    assert gc.get_freeze_count() > 0
+
+
+def test_stowage_up_reads_the_view_and_freezes_before_the_api_serves(
+    cloud: Cloud, thawed: None
+) -> None:
+    from stowage.agent.local import LocalCompute
+
+    frozen = _freezing(cloud)
+    local = LocalCompute(frozen)
+    local.start_thread()  # what the API's lifespan waits for before it serves
+    try:
+        assert frozen.scheduler.view is not None
+        assert gc.get_freeze_count() > 0
+    finally:
+        local.stop_thread()
+
+
+def test_a_scheduler_that_does_not_freeze_is_not_warmed(cloud: Cloud) -> None:
+    cloud.scheduler.warm()
+    assert cloud.scheduler.view is None

@@ -140,6 +140,8 @@ class LocalCompute:
         # The ledger is the truth and the simulated hypervisors start empty: before any
         # operation resumes, each runs again what the ledger places on it.
         await self._restore_hypervisors()
+        # Before the API serves (its lifespan waits for this start).
+        await asyncio.to_thread(cloud.scheduler.warm)
         cloud.kick = self.conductor.kick
         self._tasks = [
             asyncio.create_task(self.conductor.run(), name="conductor"),

@@ -229,6 +229,7 @@ class Conductor:
         """Drive operations until cancelled; `take_over` voids leases of a previous run."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        await asyncio.to_thread(self.cloud.scheduler.warm)
         if take_over:
             taken = await asyncio.to_thread(self.ops.take_over, self.owner)
             if taken:
