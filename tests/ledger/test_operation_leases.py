@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from stowage.ledger import Ledger
 from stowage.ledger.operations import Operations
@@ -66,3 +68,44 @@ def test_racing_conductors_never_share_an_operation(ledger: Ledger) -> None:
     owners = {op_id: {o for o, taken in won.items() if op_id in taken} for op_id in every}
     assert all(len(held_by) == 1 for held_by in owners.values())
     assert set(every) <= ids
+
+
+@pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_conductors_polling_at_once_on_postgresql_take_different_operations(
+    ledger: Ledger,
+) -> None:
+    """Two polls whose takes run at the same moment: each takes its own share of what is
+    due (SKIP LOCKED), rather than both choosing the same oldest operations and one of them
+    winning nothing (as a read of the due list before the take did)."""
+    clock = Clock()
+    ops = Operations(ledger.engine, clock=clock)
+    ids = []
+    for n in range(10):
+        ids.append(ops.enqueue("build", f"i{n}", "h", step="spawn"))
+        clock.now += 1
+    at_take = threading.Barrier(2, timeout=10)
+
+    def meet(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        if statement.lstrip().startswith(("UPDATE operations", "WITH due")):
+            at_take.wait()
+
+    event.listen(ledger.engine, "before_cursor_execute", meet)
+    won: dict[str, list[str]] = {}
+
+    def conductor(owner: str) -> None:
+        won[owner] = [op.id for op in ops.lease(owner, lease_s=60, limit=5)]
+
+    threads = [threading.Thread(target=conductor, args=(f"c{n}",)) for n in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        event.remove(ledger.engine, "before_cursor_execute", meet)
+    assert sorted(len(taken) for taken in won.values()) == [5, 5], won
+    assert sorted(won["c0"] + won["c1"]) == sorted(ids)
+    for taken in won.values():
+        assert taken == sorted(taken, key=ids.index)  # oldest first, as before

@@ -48,6 +48,31 @@ _TAKEN = select(operations).where(
     operations.c.state.in_(ACTIVE_STATES),
     operations.c.owner == bindparam("k_owner"),
 )
+# PostgreSQL: one statement takes up to `k_limit` due operations that no other transaction
+# has locked (SKIP LOCKED), so conductors polling at once take different operations instead
+# of all reading the same oldest ones and all but one winning nothing. The choice is a
+# MATERIALIZED CTE so that it runs once (a subquery under IN could be run again by the plan,
+# and its LIMIT with it).
+_DUE_UNLOCKED = (
+    select(operations.c.id)
+    .where(
+        operations.c.state.in_(ACTIVE_STATES),
+        operations.c.next_at <= bindparam("k_now"),
+        _FREE,
+        operations.c.id.not_in(bindparam("k_exclude", expanding=True)),
+    )
+    .order_by(operations.c.created_at, operations.c.id)
+    .limit(bindparam("k_limit"))
+    .with_for_update(skip_locked=True)
+    .cte("due")
+    .prefix_with("MATERIALIZED")
+)
+_TAKE_SKIPPING = (
+    update(operations)
+    .where(operations.c.id.in_(select(_DUE_UNLOCKED.c.id)))
+    .values(owner=bindparam("k_owner"), lease_until=bindparam("v_until"))
+    .returning(*operations.c)
+)
 _LET_GO = (
     update(operations)
     .where(operations.c.id == bindparam("k_id"), operations.c.owner == bindparam("k_owner"))
@@ -230,6 +255,12 @@ class Operations:
         `exclude` names operations the caller is already driving."""
         now = self.clock()
         keys = {"k_owner": owner, "k_now": now}
+        if self.engine.dialect.name == "postgresql":
+            with self.engine.begin() as conn:
+                params = {**keys, "k_limit": limit, "v_until": now + lease_s}
+                rows = conn.execute(_TAKE_SKIPPING, {**params, "k_exclude": list(exclude)}).all()
+            return sorted(map(_row, rows), key=lambda op: (op.created_at, op.id))
+        # SQLite has one writer at a time: a poll that finds nothing due takes no write lock.
         with self.engine.connect().execution_options(**READONLY) as conn:
             due = conn.execute(_DUE, {**keys, "k_limit": limit + len(exclude)}).scalars()
             candidates = [op_id for op_id in due if op_id not in exclude][:limit]
