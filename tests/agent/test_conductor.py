@@ -370,3 +370,25 @@ def test_stowage_up_reads_the_view_and_freezes_before_the_api_serves(
 def test_a_scheduler_that_does_not_freeze_is_not_warmed(cloud: Cloud) -> None:
     cloud.scheduler.warm()
     assert cloud.scheduler.view is None
+
+
+def test_a_poll_that_leases_nothing_reads_nothing_more(cloud: Cloud, tmp_path: Path) -> None:
+    """The conductor polls every `poll_s` and at every kick: with nothing due, the due read is
+    the poll's one statement (it read the clean-ups for no operation before)."""
+    statements: list[str] = []
+
+    def note(_c: Any, _cur: Any, statement: str, *_rest: Any) -> None:
+        if "hosts" not in statement:  # not the agents' heartbeats
+            statements.append(statement)
+
+    async def scenario() -> None:
+        async with agents(cloud, tmp_path) as (bus, _servers):
+            conductor = Conductor(cloud, bus, FAST, owner="c1")
+            event.listen(cloud.ledger.engine, "before_cursor_execute", note)
+            try:
+                await conductor._lease_and_start()
+            finally:
+                event.remove(cloud.ledger.engine, "before_cursor_execute", note)
+
+    asyncio.run(scenario())
+    assert len(statements) == 1 and "FROM operations" in statements[0], statements

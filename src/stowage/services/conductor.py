@@ -277,6 +277,8 @@ class Conductor:
                 exclude=frozenset(self._active),
             )
         )
+        if not leased:
+            return
         blocked = await asyncio.to_thread(self._hosts_with_cleanups, leased)
         # Scheduling steps talk to no agent: the due ones are planned together, in one task.
         planning = [op for op in leased if op.step == "schedule" and op.id not in self._active]
@@ -470,8 +472,10 @@ class Conductor:
         builds = [op for op in ops if op.kind == "build"]
         moves = [op for op in ops if op.kind in MOVE_KINDS]
         try:
-            await asyncio.to_thread(schedule_builds, self.cloud, builds)
-            await asyncio.to_thread(schedule_moves, self.cloud, moves)
+            if builds:
+                await asyncio.to_thread(schedule_builds, self.cloud, builds)
+            if moves:
+                await asyncio.to_thread(schedule_moves, self.cloud, moves)
         except Exception:
             log.exception("scheduling %d operation(s) failed in the conductor", len(ops))
             for op in ops:
