@@ -13,14 +13,12 @@ from sqlalchemy.exc import OperationalError
 
 from stowage.ledger.db import GUARD_ENV
 
-
-@pytest.fixture
-def guard_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ledger engines made during the test (and processes it starts) refuse a second
-    connection inside an open transaction: each such nesting can stall a process for good.
-    On (autouse) in the directories whose code has been cleared of nesting: tests/agent,
-    tests/ledger and tests/sim; the API's request paths still nest reads (noted for planning)."""
-    monkeypatch.setenv(GUARD_ENV, "1")
+# Every ledger engine the tests make, and every process they start (`stowage up`, its agents,
+# a CLI), refuses a second connection or transaction inside an open one: each such nesting can
+# stall a process for good (SQLite's writer lock, a PostgreSQL row lock, the pool's last
+# connection). Set at import, before any test makes an engine, so subprocesses inherit it;
+# tests/api/test_guarded_cloud.py checks that a cloud process started here runs guarded.
+os.environ.setdefault(GUARD_ENV, "1")
 
 
 PG_ADMIN_URL = os.environ.get(

@@ -1,6 +1,6 @@
-"""The test-mode guard (GUARD_ENV, on in this directory): a thread that opens a second
-connection or transaction while its own transaction is open is refused at once, instead of
-waiting on what its first transaction holds."""
+"""The test-mode guard (GUARD_ENV, on for the whole suite: tests/conftest.py): a thread that
+opens a second connection or transaction while its own transaction is open is refused at once,
+instead of waiting on what its first transaction holds."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import re
 import sqlite3
@@ -37,6 +38,8 @@ READONLY = {"stowage_readonly": True}
 GUARD_ENV = "STOWAGE_GUARD_NESTED_TRANSACTIONS"
 
 _HERE = Path(__file__).resolve().parent
+
+log = logging.getLogger(__name__)
 
 
 def sqlite_url(path: Path | str) -> str:
@@ -122,6 +125,13 @@ def _guard_nesting(engine: Engine) -> None:
             refuse("a second transaction begun", held)
         with lock:
             opened.setdefault(owner, weakref.WeakSet()).add(conn)
+
+    # Test mode, said where it is on (a process started by the tests shows it in its log).
+    log.warning(
+        "%s is set: this ledger engine raises NestedTransaction on a second connection or "
+        "transaction inside an open one (a test-mode guard)",
+        GUARD_ENV,
+    )
 
 
 def _tune_sqlite(engine: Engine) -> None:

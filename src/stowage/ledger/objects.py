@@ -365,8 +365,9 @@ class ObjectStore:
 
     def find_each(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], Document]:
         """The documents of these (kind, id) pairs that exist, by pair: one statement (a
-        request that needs several documents, such as a create's flavor and image)."""
-        with self.engine.connect().execution_options(**READONLY) as conn:
+        request that needs several documents, such as a create's flavor and image); inside
+        `reading()` or `writing()`, in its transaction."""
+        with self.reading() as conn:
             rows = conn.execute(_FIND_EACH, {"keys": list(keys)}).all()
         return {(row.kind, row.id): _doc(row) for row in rows}
 

@@ -244,7 +244,9 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
     reservation = "r-" + uuid.uuid4().hex[:8]
     docs: list[dict[str, Any]] = []
     made: list[NewDocument] = []
-    with cloud.ledger.engine.begin() as conn:
+    # One write transaction whose store reads (a volume's image or snapshot, its type) join
+    # it rather than take a second connection while it holds the write.
+    with cloud.objects.writing() as conn:
         count = quotas.reserve_instances(
             cloud,
             conn,

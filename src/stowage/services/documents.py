@@ -72,10 +72,14 @@ def modify_document(
     """Apply `change` to the document as it is now and swap the result in, again on a lost
     race: for changes that compose (a key added to a map, a member to a list), where a
     concurrent writer's change is kept rather than refused. `change` may raise to refuse.
-    With `name_field`, the document's name follows that field of the new body."""
+    With `name_field`, the document's name follows that field of the new body.
+
+    Each attempt is one `cloud.objects.writing()` transaction: the store's reads `change`
+    makes (a quota's limits, the other aggregates' zones) join it instead of taking a second
+    connection while this one holds the write (which can wait on it for good)."""
     label = kind.replace("_", " ").capitalize()
     for _ in range(_ATTEMPTS_MAX):
-        with cloud.ledger.engine.begin() as conn:
+        with cloud.objects.writing() as conn:
             current = cloud.objects.find_in(conn, kind, doc_id)
             if current is None:
                 raise NotFound(f"{label} {doc_id} could not be found.")

@@ -213,18 +213,28 @@ def _add_host(request: Request, doc: Document, host: str) -> Document:
     return _change(request, doc, change)
 
 
+class _NotInAggregate(Exception):
+    """`_remove_host`'s change found the host absent: its 404 is chosen after the change's
+    transaction ends (whether the host exists is read from the ledger, on a connection of
+    its own)."""
+
+
 def _remove_host(request: Request, doc: Document, host: str) -> Document:
 
     def change(body: dict[str, Any]) -> dict[str, Any]:
         hosts = list(body.get("hosts", []))
         if host not in hosts:
-            if not catalog.read_hosts(cloud_of(request), [host]):
-                raise ApiError(404, f"Compute host {host} could not be found.")
-            raise ApiError(404, f"Cannot remove host {host} in aggregate {doc.id}")
+            raise _NotInAggregate
         hosts.remove(host)
         return dict(body, hosts=hosts)
 
-    return _change(request, doc, change, hosts=[host])
+    try:
+        return _change(request, doc, change, hosts=[host])
+    except _NotInAggregate:
+        pass
+    if not catalog.read_hosts(cloud_of(request), [host]):
+        raise ApiError(404, f"Compute host {host} could not be found.")
+    raise ApiError(404, f"Cannot remove host {host} in aggregate {doc.id}")
 
 
 def _set_metadata(request: Request, doc: Document, payload: Any) -> Document:

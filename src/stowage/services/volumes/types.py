@@ -84,7 +84,7 @@ def delete_type(cloud: Cloud, type_id: str) -> None:
     if type_id == DEFAULT_TYPE_ID:
         raise InvalidVolume("Invalid volume type: the default volume type cannot be deleted")
     find_type(cloud, type_id)
-    with cloud.ledger.engine.begin() as conn:
+    with cloud.objects.writing() as conn:  # the volumes are listed in this transaction
         in_use = any(d.body.get("volume_type_id") == type_id for d in cloud.objects.list("volume"))
         if in_use:
             raise InvalidVolume(
