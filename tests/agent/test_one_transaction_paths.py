@@ -6,19 +6,17 @@ lock, the pool's last connection)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.agent.test_use_cases import open_cloud, request
+from tests.agent.test_use_cases import request
+from tests.agent.test_volume_use_cases import Caller, volume_cloud  # noqa: F401 - `cloud`
 
 from stowage.services import compute_catalog, consoles
-from stowage.services.caller import SystemCaller
 from stowage.services.cloud import Cloud
 from stowage.services.compute import build_servers
 from stowage.services.documents import modify_document
-from stowage.services.volumes import InvalidVolume, register_pool, types, volumes
+from stowage.services.volumes import InvalidVolume, types, volumes
 from stowage.services.volumes.server_volumes import parse_block_devices
 
 IMAGE = {
@@ -30,20 +28,6 @@ IMAGE = {
     "disk_format": "qcow2",
     "container_format": "bare",
 }
-
-
-class Caller(SystemCaller):
-    @property
-    def user_id(self) -> str:
-        return "u"
-
-
-@pytest.fixture
-def cloud(db_url: str, tmp_path: Path) -> Iterator[Cloud]:
-    made = open_cloud(db_url, tmp_path / "state", volume_pool_gb=10)
-    register_pool(made)
-    yield made
-    made.ledger.close()
 
 
 def test_a_documents_change_reads_the_store_in_its_own_transaction(cloud: Cloud) -> None:

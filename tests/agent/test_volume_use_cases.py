@@ -33,8 +33,9 @@ class Caller(SystemCaller):
 ME = Caller("p", False)
 
 
-@pytest.fixture
-def cloud(db_url: str, tmp_path: Path) -> Iterator[Cloud]:
+@pytest.fixture(name="cloud")
+def volume_cloud(db_url: str, tmp_path: Path) -> Iterator[Cloud]:
+    """A cloud with a 10 GB volume pool (tests/agent/test_one_transaction_paths.py too)."""
     made = open_cloud(db_url, tmp_path / "state", volume_pool_gb=10)
     register_pool(made)
     yield made
