@@ -44,6 +44,14 @@ class InProcessCloud:
             method, f"{self.base_url}{path}", headers=headers, timeout=30, **kwargs
         )
 
+    def tiny_server(self, name: str, networks: Any = "none") -> dict[str, Any]:
+        """A create body of one m1.tiny server from the first image."""
+        images = self.request("GET", "/image/v2/images").json()["images"]
+        flavors = self.request("GET", "/compute/v2.1/flavors").json()["flavors"]
+        flavor = next(f["id"] for f in flavors if f["name"] == "m1.tiny")
+        server = {"name": name, "imageRef": images[0]["id"], "flavorRef": flavor}
+        return {"server": {**server, "networks": networks}}
+
 
 @contextmanager
 def in_process_cloud(tmp_path: Path, *, hosts: int = 2) -> Iterator[InProcessCloud]:

@@ -44,16 +44,7 @@ def test_an_aggregates_host_changes_and_their_refusals(cloud: InProcessCloud) ->
 def test_a_servers_metadata_change_checks_the_quota_in_its_transaction(
     cloud: InProcessCloud,
 ) -> None:
-    images = cloud.request("GET", "/image/v2/images").json()["images"]
-    flavors = cloud.request("GET", "/compute/v2.1/flavors").json()["flavors"]
-    body = {
-        "server": {
-            "name": "with-metadata",
-            "imageRef": images[0]["id"],
-            "flavorRef": next(f["id"] for f in flavors if f["name"] == "m1.tiny"),
-            "networks": "none",
-        }
-    }
+    body = cloud.tiny_server("with-metadata")
     created = cloud.request("POST", "/compute/v2.1/servers", json=body)
     assert created.status_code == 202, created.text
     path = f"/compute/v2.1/servers/{created.json()['server']['id']}/metadata"

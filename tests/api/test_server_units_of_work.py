@@ -19,16 +19,7 @@ from stowage.ledger.objects import ObjectStore
 def _active_server_with_two_ports(cloud: InProcessCloud) -> str:
     networks = cloud.request("GET", "/networking/v2.0/networks?name=private").json()
     net_id = networks["networks"][0]["id"]
-    images = cloud.request("GET", "/image/v2/images").json()["images"]
-    flavors = cloud.request("GET", "/compute/v2.1/flavors").json()["flavors"]
-    body = {
-        "server": {
-            "name": "two-nics",
-            "imageRef": images[0]["id"],
-            "flavorRef": next(f["id"] for f in flavors if f["name"] == "m1.tiny"),
-            "networks": [{"uuid": net_id}, {"uuid": net_id}],
-        }
-    }
+    body = cloud.tiny_server("two-nics", [{"uuid": net_id}, {"uuid": net_id}])
     created = cloud.request("POST", "/compute/v2.1/servers", json=body)
     assert created.status_code == 202, created.text
     server_id = str(created.json()["server"]["id"])
