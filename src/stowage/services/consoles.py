@@ -105,8 +105,8 @@ def _digest(token: str) -> str:
 
 def _store_token(cloud: Cloud, token: str, record: dict[str, Any], now: float) -> None:
     """Keep the token's record, and drop the records that have expired (Nova's clean-up of
-    console auth tokens, done as new ones are made): one transaction, whose list the
-    store's `writing()` reads on its own connection."""
+    console auth tokens, done as new ones are made): one transaction, the store's list of
+    the tokens read in it (`writing()`), not on a second connection."""
     with cloud.objects.writing() as conn:
         for old in cloud.objects.list(TOKEN_KIND):
             if float(old.body.get("expires_at") or 0) <= now:
