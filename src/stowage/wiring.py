@@ -70,7 +70,7 @@ def all_in_one(cloud: Cloud) -> ASGIApp:
 
 def production_app() -> ASGIApp:
     """`stowage api`'s app in each worker process: the shared ledger, no local compute."""
-    from stowage.services.runtime import open_cloud
+    from stowage.services.runtime import freeze_started_process, open_cloud
     from stowage.telemetry import configure_logging
 
     configure_logging(
@@ -97,4 +97,6 @@ def production_app() -> ASGIApp:
     )
     cloud = open_cloud(config, db_url=os.environ["STOWAGE_API_DB"])
     bus_url = os.environ.get("STOWAGE_API_BUS")
-    return create_app(cloud, runtime=rabbit_bus(bus_url) if bus_url else None)
+    app = create_app(cloud, runtime=rabbit_bus(bus_url) if bus_url else None)
+    freeze_started_process(f"api worker {os.getpid()}")
+    return app

@@ -19,6 +19,7 @@ from stowage.domain.topology import HostSpec
 from stowage.ledger.db import NamedLock
 from stowage.services.cloud import Cloud
 from stowage.services.conductor import Conductor, conductor_config
+from stowage.services.runtime import freeze_started_process
 from stowage.virt.driver import Driver
 
 __all__ = [
@@ -183,6 +184,7 @@ async def run_agent(
     # Heartbeat gaps and loop lag into the metrics, as `stowage up`'s agents export them.
     observed = asyncio.create_task(_observe(observe_agent(metrics, spec.name, server.agent)))
     log.info("agent of %s serving", spec.name)
+    freeze_started_process(f"agent of {spec.name}")
     try:
         await stop.wait()
     finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import gc
+import logging
 import os
 import socket
 from pathlib import Path
@@ -14,7 +16,31 @@ from stowage.ledger.db import NamedLock, migrate, sqlite_url
 from stowage.ledger.ledger import Ledger
 from stowage.services.cloud import Cloud, CloudConfig, bootstrap
 
-__all__ = ["create_private_file", "open_cloud", "port_is_free", "private_dir", "write_clouds_yaml"]
+__all__ = [
+    "create_private_file",
+    "freeze_started_process",
+    "open_cloud",
+    "port_is_free",
+    "private_dir",
+    "write_clouds_yaml",
+]
+
+
+log = logging.getLogger(__name__)
+
+
+def freeze_started_process(what: str) -> None:
+    """For a process that holds one cloud for its life (a `stowage api` worker, `stowage
+    agent`), once it has started: what it has made so far (modules, the app, the cloud) out
+    of the cyclic collector's reach (gc.freeze), so that a collection of the oldest
+    generation under load walks only what came after. Before: 99 ms in an API worker and
+    150-165 ms in each agent during a production bench run on a quiet machine. The
+    conductor's scheduler does the same once its view is read (`Scheduler.warm`)."""
+    gc.collect()
+    gc.freeze()
+    log.info(
+        "%s started: %d objects frozen out of the collector's reach", what, gc.get_freeze_count()
+    )
 
 
 def private_dir(path: Path) -> Path:
