@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,14 @@ from stowage.ledger.db import GUARD_ENV
 # connection). Set at import, before any test makes an engine, so subprocesses inherit it;
 # tests/api/test_guarded_cloud.py checks that a cloud process started here runs guarded.
 os.environ.setdefault(GUARD_ENV, "1")
+
+
+@pytest.fixture
+def thawed() -> Iterator[None]:
+    """Whatever a test freezes (gc.freeze: a scheduler's view, a started process) goes back
+    to the collector afterwards."""
+    yield
+    gc.unfreeze()
 
 
 PG_ADMIN_URL = os.environ.get(

@@ -307,13 +307,6 @@ def test_the_conductor_never_uses_the_ledger_on_its_event_loop(
 # --- a process that schedules for its life reads its view before it serves -----------------
 
 
-@pytest.fixture
-def thawed() -> Iterator[None]:
-    """Whatever a test freezes goes back to the collector afterwards."""
-    yield
-    gc.unfreeze()
-
-
 def _freezing(cloud: Cloud) -> Cloud:
     frozen = Cloud(
         CloudConfig(state_dir=cloud.config.state_dir, scheduler_freeze_view=True), cloud.ledger

@@ -552,13 +552,6 @@ def test_a_view_older_than_the_pruned_change_log_reads_every_host_again(
 # --- the view out of the cyclic collector's reach -----------------------------------------
 
 
-@pytest.fixture
-def thawed() -> Iterator[None]:
-    """Whatever a test freezes goes back to the collector afterwards."""
-    yield
-    gc.unfreeze()
-
-
 def _collected(obj: object) -> bool:
     """True while the cyclic collector still walks `obj` (frozen objects are not listed)."""
     return any(o is obj for o in gc.get_objects())
