@@ -132,6 +132,22 @@ def boot_args(name: str, *args: str, flavor: str = "m1.tiny") -> list[str]:
 
 
 def start_cloud(state_dir: Path, *extra: str, timeout_s: float = 60.0) -> RunningCloud:
+    """`stowage up` on a free port. The port is free when chosen, not when the cloud binds
+    it: another test's process can take it in between (seen in CI as "address already in
+    use" and exit 3; or its own check, exit 1), so it is started again on another port."""
+    for _ in range(3):
+        try:
+            return _start_cloud_once(state_dir, extra, timeout_s)
+        except _PortTaken:
+            continue
+    return _start_cloud_once(state_dir, extra, timeout_s)
+
+
+class _PortTaken(RuntimeError):
+    """The cloud exited because its port was taken before it bound it."""
+
+
+def _start_cloud_once(state_dir: Path, extra: tuple[str, ...], timeout_s: float) -> RunningCloud:
     port = free_port()
     log = state_dir.parent / f"{state_dir.name}.log"
     with log.open("wb") as out:
@@ -155,7 +171,10 @@ def start_cloud(state_dir: Path, *extra: str, timeout_s: float = 60.0) -> Runnin
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"stowage up exited {process.returncode}: {log.read_text()}")
+            text = log.read_text()
+            if "already in use" in text:  # its own check, or the bind after it
+                raise _PortTaken(f"stowage up exited {process.returncode}: {text}")
+            raise RuntimeError(f"stowage up exited {process.returncode}: {text}")
         try:
             if httpx.get(f"{base}/identity/v3", timeout=1).status_code == 200:
                 return RunningCloud(base, state_dir, process, log)
