@@ -82,3 +82,15 @@ def test_the_guest_boots_under_tcg_and_counts(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_boot_ids_are_read_from_whole_marker_lines_only() -> None:
+    """A console read while the guest writes can end inside the marker's line: that boot is
+    not counted until its id is whole (a test took a cut id as the boot's, and failed in CI)."""
+    first = "8c1d2e3f-1111-2222-3333-444455556666"
+    second = "0a9b8c7d-aaaa-bbbb-cccc-ddddeeeeffff"
+    text = f"noise\r\n{guest_image.MARKER} boot_id={first}\r\nmore\n{guest_image.MARKER} boot_id="
+    assert guest_image.boot_ids(text) == [first]
+    assert guest_image.boot_ids(text + second[:20]) == [first]
+    assert guest_image.boot_ids(text + second) == [first]  # the line's end not yet written
+    assert guest_image.boot_ids(text + second + "\n") == [first, second]

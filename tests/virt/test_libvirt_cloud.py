@@ -91,9 +91,8 @@ class _Api:
         return str(response.json()["output"]) if response.status_code == 200 else ""
 
     def boot_id(self, name: str) -> str:
-        _wait_for(lambda: guest_image.MARKER in self.console(name), f"{name}'s console marker")
-        found = re.findall(rf"{guest_image.MARKER} boot_id=(\S+)", self.console(name))
-        return str(found[-1])
+        _wait_for(lambda: guest_image.boot_ids(self.console(name)), f"{name}'s console marker")
+        return guest_image.boot_ids(self.console(name))[-1]
 
     def serial_console(self, name: str) -> str:
         """A serial console URL through remote-consoles (2.6+), as openstacksdk asks."""

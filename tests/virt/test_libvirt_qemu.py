@@ -184,11 +184,9 @@ def _console(driver: LibvirtDriver, iid: str) -> str:
 
 def _booted(driver: LibvirtDriver, iid: str) -> str:
     _wait_for(
-        lambda: guest_image.MARKER in _console(driver, iid), f"{iid}'s marker", BOOT_TIMEOUT_S
+        lambda: guest_image.boot_ids(_console(driver, iid)), f"{iid}'s marker", BOOT_TIMEOUT_S
     )
-    found = re.search(rf"{guest_image.MARKER} boot_id=(\S+)", _console(driver, iid))
-    assert found
-    return found.group(1)
+    return guest_image.boot_ids(_console(driver, iid))[0]
 
 
 def _pin_info(uri: str, iid: str) -> list[set[int]]:
@@ -425,7 +423,7 @@ def _local(path: Path, volume_id: str) -> dict[str, Any]:
 
 def _guest_disks(text: str) -> list[str]:
     """The disks the guest said it sees, the last time they changed."""
-    seen = re.findall(rf"^{guest_image.DISKS_PREFIX} (.*)$", text, re.MULTILINE)
+    seen = re.findall(rf"^{guest_image.DISKS_PREFIX} (.*)\n", text, re.MULTILINE)  # whole lines
     return seen[-1].split() if seen else []
 
 
@@ -557,7 +555,7 @@ def test_a_guest_boots_from_a_volume_sees_its_volumes_and_reads_its_config_drive
 
 def _guest_nics(text: str) -> list[str]:
     """The NICs' MACs the guest said it has, the last time they changed."""
-    seen = re.findall(rf"^{guest_image.NICS_PREFIX} (.*)$", text, re.MULTILINE)
+    seen = re.findall(rf"^{guest_image.NICS_PREFIX} (.*)\n", text, re.MULTILINE)  # whole lines
     return seen[-1].split() if seen else []
 
 

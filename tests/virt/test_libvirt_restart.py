@@ -8,7 +8,6 @@ Never skipped in CI (CI=true): a missing QEMU, libvirt or guest package is a fai
 
 from __future__ import annotations
 
-import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -50,7 +49,7 @@ def _domstate(cloud: RunningCloud, server_id: str) -> str:
 
 def _boot_ids(cloud: RunningCloud, name: str) -> list[str]:
     text = cloud.osc("console", "log", "show", name).stdout
-    return re.findall(rf"{guest_image.MARKER} boot_id=(\S+)", text)
+    return guest_image.boot_ids(text)
 
 
 def test_a_restarted_libvirt_cloud_runs_its_guests_again(

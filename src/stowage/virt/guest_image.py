@@ -37,6 +37,7 @@ import glob
 import gzip
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,7 @@ __all__ = [
     "NICS_PREFIX",
     "UPTIME_PREFIX",
     "USER_DATA_PREFIX",
+    "boot_ids",
     "build",
     "default_kernel",
     "disk_modules",
@@ -65,6 +67,17 @@ CONFIG_DRIVE_PREFIX = "stowage-config-drive:"
 META_DATA_PREFIX = "stowage-meta-data:"
 USER_DATA_PREFIX = "stowage-user-data:"
 DISK_MIB = 48
+# A boot's line as the console holds it once written whole: the console is read while the
+# guest writes, so a read can end inside the line, after the marker and before its id's end.
+_BOOT_LINE = re.compile(
+    rf"{MARKER} boot_id=([0-9a-f]{{8}}(?:-[0-9a-f]{{4}}){{3}}-[0-9a-f]{{12}})\s"
+)
+
+
+def boot_ids(console: str) -> list[str]:
+    """The boot ids of the boots whose marker line a console's text holds whole, in order."""
+    return _BOOT_LINE.findall(console)
+
 
 # In load order (each after what it needs, as modules.dep says): virtio disks, the IDE cdrom
 # of the default x86 machine (ata_piix, sr_mod), ISO 9660 and virtio NICs.
