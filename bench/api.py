@@ -35,6 +35,11 @@ while the creates run and prints each one's heaviest functions by inclusive shar
     .venv/bin/python bench/api.py --production --hosts 6 --api-workers 2 --conductors 2 \
         --servers 2000 --profile /tmp/profiles
 
+With `--threads` it also prints where `stowage up`'s CPU goes by kind of thread, user and
+system time read from /proc per thread (names from `py-spy dump`): a sampling profile with
+`--gil` credits the thread that holds the GIL when sampled, which under-counts threads that
+release it often (the API's handlers, in SQLite), so this is the split to believe.
+
 The figures are the ones printed; nothing is asserted. The machine is shared: compare
 figures of one run with each other, not with another run's.
 """
@@ -45,6 +50,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -346,6 +352,76 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_s(pid: int) -> dict[int, tuple[float, float]]:
+    """Each live thread's CPU seconds so far, (user, system), by thread id, from /proc."""
+    out: dict[int, tuple[float, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(task.name)] = (int(fields[11]) / tick, int(fields[12]) / tick)
+    return out
+
+
+# A thread's name as `py-spy dump` prints it, to what it is in `stowage up` (an executor's
+# threads are named by their prefix and a number).
+_THREAD_KINDS = (
+    ("MainThread", "API event loop"),
+    ("AnyIO worker thread", "API handlers"),
+    ("stowage-compute", "compute loop (conductor, agents)"),
+    ("asyncio", "loops' executors (conductor's database steps)"),
+    ("agent-driver", "agents' driver calls"),
+)
+
+
+class Threads:
+    """Where one process's CPU goes by kind of thread, between `start` and `report`: each
+    thread's user and system time from /proc, named by `py-spy dump` (`--threads`)."""
+
+    def __init__(self, on: bool, cloud: Cloud) -> None:
+        self.pid = next(iter(cloud.pids().values()))[0] if on else None
+        self.before: dict[int, tuple[float, float]] = {}
+
+    def start(self) -> None:
+        if self.pid is not None:
+            self.before = thread_cpu_s(self.pid)
+
+    def report(self, seconds: float) -> str:
+        if self.pid is None:
+            return ""
+        now = thread_cpu_s(self.pid)
+        spy = BIN / "py-spy"
+        if not spy.exists():
+            raise SystemExit("--threads needs py-spy: .venv/bin/pip install py-spy")
+        dump = subprocess.run(
+            [str(spy), "dump", "--pid", str(self.pid)], capture_output=True, text=True, check=False
+        ).stdout
+        names = {
+            int(m.group(1)): m.group(2)
+            for m in re.finditer(r'^Thread (\d+) \(\w+\): "([^"]*)"', dump, re.MULTILINE)
+        }
+        kinds: dict[str, list[float]] = {}
+        for tid, (user, system) in now.items():
+            user0, system0 = self.before.get(tid, (0.0, 0.0))
+            name = names.get(tid, "")
+            kind = next((k for prefix, k in _THREAD_KINDS if name.startswith(prefix)), "other")
+            used = kinds.setdefault(kind, [0.0, 0.0])
+            used[0] += user - user0
+            used[1] += system - system0
+        ordered = sorted(kinds.items(), key=lambda kv: -sum(kv[1]))
+        return "; ".join(
+            f"{kind} {(u + y) / seconds:4.2f} cores (system {y / seconds:4.2f})"
+            for kind, (u, y) in ordered
+            if u + y > 0
+        )
+
+
 def children(pid: int) -> list[int]:
     """Every live descendant of `pid`."""
     parents: dict[int, list[int]] = {}
@@ -526,6 +602,7 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
         cloud = start(state, args.hosts, src)
     base = cloud.base
     profiles = Profiles(args.profile, cloud)
+    threads = Threads(args.threads and not args.production, cloud)
     figures: dict[str, float] = {}
     clients = load.procs * args.clients
 
@@ -572,14 +649,18 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
 
         cpu0 = cloud.cpu()
         profiles.start(label)
+        threads.start()
         start_t = time.perf_counter()
         create_s, lat, create_gen = drive(
             load, base, tok, "create", image, args.servers, args.clients, network
         )
         create_cpu, create_kinds = cpu_since(cpu0, create_s, args.servers)
+        create_threads = threads.report(create_s)
+        threads.start()
         until(settled, 900)
         total_s = time.perf_counter() - start_t
         boot_cpu, boot_kinds = cpu_since(cpu0, total_s, args.servers)
+        rest_threads = threads.report(total_s - create_s)
         profiles.stop(say, label)
         counts = statuses(cloud)
         refused = sum(1 for x in lat if x < 0)
@@ -599,6 +680,9 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
             f"{refused} refused; CPU {create_kinds}; "
             f"load generator CPU {create_gen / create_s:4.2f} cores"
         )
+        if create_threads:
+            say(f"stowage up's threads while creating: {create_threads}")
+            say(f"stowage up's threads after the creates, until settled: {rest_threads}")
         say(
             f"boots to a settled state: {figures['boots_per_s']:8.1f} boots/s "
             f"({total_s:.1f} s; {counts}); CPU {boot_kinds}; all of it "
@@ -711,6 +795,12 @@ def main() -> None:
         "--pg-url", default="postgresql+psycopg://postgres@127.0.0.1/test", help="--production"
     )
     parser.add_argument("--bus", default="amqp://guest:guest@127.0.0.1:5672/", help="--production")
+    parser.add_argument(
+        "--threads",
+        action="store_true",
+        help="print stowage up's CPU by kind of thread (API loop, API handlers, compute loop, "
+        "executors) while creating and after, until settled (needs py-spy for the names)",
+    )
     parser.add_argument(
         "--profile",
         type=Path,
