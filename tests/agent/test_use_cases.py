@@ -524,6 +524,54 @@ def test_a_spawn_reads_the_instance_once_in_its_commit_and_not_its_operation_aft
     assert ("after", "operation") not in reads, reads
 
 
+def test_a_schedule_batch_reads_its_instances_at_once_and_places_them_all(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conductor's schedule step of several creates reads their instances before it
+    plans in one transaction, a statement per `_READ_AT_ONCE` of them (before: a transaction
+    per create and a statement per instance), and still places every one that waits, and
+    none that no longer does."""
+    from stowage.services import compute
+
+    monkeypatch.setattr(compute, "_READ_AT_ONCE", 4)  # so that 7 instances take two reads
+    single = [build_servers(cloud, request(1), f"req-{n}")[0]["id"] for n in range(4)]
+    several = [d["id"] for d in build_servers(cloud, request(3), "req-many")]
+    gone = single.pop()  # deleted before its schedule step: no longer waits
+    body = cloud.objects.get("instance", gone).body
+    cloud.objects.update("instance", gone, {**body, "task_state": "deleting"})
+    ops = [op for op in cloud.operations.active() if op.step == "schedule"]
+    assert len(ops) == 5
+    reads: list[str] = []  # before the plan: BEGINs and the instances' reads
+
+    def on_begin(_conn: Any) -> None:
+        reads.append("begin")
+
+    def on_execute(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        values = set(params.values() if isinstance(params, dict) else params or ())
+        flat = {v for value in values for v in (value if isinstance(value, tuple) else (value,))}
+        if statement.lstrip().upper().startswith("SELECT") and flat & {*single, *several}:
+            reads.append("instances")
+
+    planned = compute._place
+
+    def place(*args: Any, **kwargs: Any) -> None:
+        event.remove(cloud.ledger.engine, "begin", on_begin)
+        event.remove(cloud.ledger.engine, "before_cursor_execute", on_execute)
+        planned(*args, **kwargs)
+
+    monkeypatch.setattr(compute, "_place", place)
+    event.listen(cloud.ledger.engine, "begin", on_begin)
+    event.listen(cloud.ledger.engine, "before_cursor_execute", on_execute)
+    schedule_builds(cloud, ops)
+    # The host names, then the instances: two reads in one transaction.
+    assert reads == ["begin", "begin", "instances", "instances"], reads
+    for instance_id in [*single, *several]:
+        placed = cloud.objects.get("instance", instance_id).body
+        assert placed["host"] and placed["task_state"] == "spawning", placed
+    assert cloud.objects.get("instance", gone).body.get("host") is None
+    assert not [op for op in cloud.operations.active() if op.step == "schedule"]
+
+
 def test_a_stale_writer_does_not_undo_another_writers_transition(cloud: Cloud) -> None:
     """A field another writer changed since this writer's read is a conflict, not overwritten
     (a conductor finishing a step must not undo a delete's task state)."""
