@@ -345,28 +345,27 @@ def drive(
 
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) the process has used so far, from /proc (0 once gone)."""
+    return sum(times_s(Path(f"/proc/{pid}/stat")))
+
+
+def times_s(stat: Path) -> tuple[float, float]:
+    """User and system CPU seconds of a /proc `stat` file (a process's or a thread's); zero
+    once it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return (0.0, 0.0)
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) / tick, int(fields[12]) / tick)
 
 
 def thread_cpu_s(pid: int) -> dict[int, tuple[float, float]]:
     """Each live thread's CPU seconds so far, (user, system), by thread id, from /proc."""
-    out: dict[int, tuple[float, float]] = {}
-    tick = os.sysconf("SC_CLK_TCK")
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
-        return out
-    for task in tasks:
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(task.name)] = (int(fields[11]) / tick, int(fields[12]) / tick)
-    return out
+        return {}
+    return {int(task.name): times_s(task / "stat") for task in tasks}
 
 
 # A thread's name as `py-spy dump` prints it, to what it is in `stowage up` (an executor's
@@ -602,7 +601,7 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
         cloud = start(state, args.hosts, src)
     base = cloud.base
     profiles = Profiles(args.profile, cloud)
-    threads = Threads(args.threads and not args.production, cloud)
+    threads = Threads(args.threads, cloud)
     figures: dict[str, float] = {}
     clients = load.procs * args.clients
 
@@ -807,6 +806,8 @@ def main() -> None:
         help="record a py-spy profile of each process kind during the creates into this folder",
     )
     args = parser.parse_args()
+    if args.threads and args.production:
+        parser.error("--threads reads stowage up's threads; with --production use --profile")
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
     load = Load(args.procs)
     try:
