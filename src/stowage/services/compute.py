@@ -241,6 +241,19 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
         raise InvalidSpec("same_host: none of the named instances has a host")
     if build.group_id is not None:
         cloud.ledger.get_group(build.group_id)  # a missing group is a 404 before anything exists
+    try:
+        docs = _build_in_one_commit(cloud, build, request_id, exclusive=False)
+    except quotas.LimitsChanged:
+        # A limit came to apply while the create held the quota lock shared: nothing was
+        # written; counted this time, under the lock held exclusively.
+        docs = _build_in_one_commit(cloud, build, request_id, exclusive=True)
+    cloud.kick()
+    return docs
+
+
+def _build_in_one_commit(
+    cloud: Cloud, build: BuildRequest, request_id: str, *, exclusive: bool
+) -> list[dict[str, Any]]:
     reservation = "r-" + uuid.uuid4().hex[:8]
     docs: list[dict[str, Any]] = []
     made: list[NewDocument] = []
@@ -256,6 +269,7 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
             min_count=build.min_count,
             max_count=build.max_count,
             group_id=build.group_id,
+            exclusive=exclusive,
         )
         for index in range(count):
             body = _new_instance(build, reservation, index, count)
@@ -292,7 +306,6 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
             },
             conn=conn,
         )
-    cloud.kick()
     return docs
 
 

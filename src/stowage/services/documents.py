@@ -23,6 +23,7 @@ __all__ = ["changes_of", "lock_key", "modify_document", "write_document"]
 
 _ATTEMPTS_MAX = 20
 _LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")  # built once
+_LOCK_SHARED = text("SELECT pg_advisory_xact_lock_shared(hashtextextended(:key, 0))")
 
 
 def changes_of(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
@@ -32,11 +33,12 @@ def changes_of(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str,
     return out
 
 
-def lock_key(conn: Connection, key: str) -> None:
+def lock_key(conn: Connection, key: str, *, shared: bool = False) -> None:
     """Hold a named lock until `conn`'s transaction ends: an advisory lock on PostgreSQL;
-    SQLite's write transactions are serialized already."""
+    SQLite's write transactions are serialized already. `shared`: many transactions hold it
+    at once, and one that takes it exclusively waits for all of them (and they for it)."""
     if conn.dialect.name == "postgresql":
-        conn.execute(_LOCK, {"key": key})
+        conn.execute(_LOCK_SHARED if shared else _LOCK, {"key": key})
 
 
 def write_document(

@@ -2,10 +2,14 @@
 
 A project's usage is what its instance documents add up to, read while the project's quota
 lock is held, in the same transaction that writes the new instances. Two creates in one
-project therefore take turns (no interleaving can pass a limit), and there is no usage
-counter that could drift from what exists. The lock is the smallest thing that serializes
-the check: one project (an advisory lock on PostgreSQL; SQLite write transactions are
-serialized already).
+project that count therefore take turns (no interleaving can pass a limit), and there is no
+usage counter that could drift from what exists. The lock is the smallest thing that
+serializes the check: one project (an advisory lock on PostgreSQL; SQLite write transactions
+are serialized already).
+
+A create with nothing to count (no limit applies to it) holds the lock shared: such creates
+of one project run side by side, and whoever counts (a limited create, `set_quota`) takes it
+exclusively, so it waits for them and counts what they made.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from stowage.services.documents import lock_key
 
 __all__ = [
     "InstanceUsage",
+    "LimitsChanged",
     "lock_project",
     "reserve_instances",
     "reserve_server_group",
@@ -34,6 +39,12 @@ __all__ = [
     "set_default_quotas",
     "set_quota",
 ]
+
+
+class LimitsChanged(Exception):
+    """A limit came to apply while a create held its project's quota lock shared (set between
+    its first read and the lock): nothing is written; the create is tried again with the lock
+    held exclusively (`reserve_instances(exclusive=True)`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +55,10 @@ class InstanceUsage:
     group_members: int
 
 
-def lock_project(conn: Connection, project_id: str) -> None:
-    """Hold the project's quota lock until `conn`'s transaction ends."""
-    lock_key(conn, f"stowage-quota:{project_id}")
+def lock_project(conn: Connection, project_id: str, *, shared: bool = False) -> None:
+    """Hold the project's quota lock until `conn`'s transaction ends (`shared`: beside other
+    shared holders; a holder that counts takes it exclusively)."""
+    lock_key(conn, f"stowage-quota:{project_id}", shared=shared)
 
 
 def quota_limits_in(
@@ -128,17 +140,30 @@ def reserve_instances(
     min_count: int,
     max_count: int,
     group_id: str | None = None,
+    exclusive: bool = False,
 ) -> int:
     """How many of `max_count` instances the project may create now, at least `min_count`.
 
     As Nova: as many as every quota allows, down to `min_count`; fewer than that is a
     QuotaExceeded naming the resource. The per-request ceiling counts like a quota. The
     caller creates that many instance documents in `conn` before it commits.
+
+    The limits read first choose how the project's lock is held: exclusively when some limit
+    applies (or with `exclusive`), else shared. The limits that decide are read again under
+    the lock; a limit that came to apply in between raises LimitsChanged, before anything is
+    written, for the caller to try again with `exclusive`.
     """
-    lock_project(conn, project_id)
+    # SQLite's write transactions are serialized already: its lock is no lock to choose.
+    counts = (
+        exclusive
+        or conn.dialect.name != "postgresql"
+        or any(_applying(quota_limits_in(cloud, conn, project_id, user_id), group_id))
+    )
+    lock_project(conn, project_id, shared=not counts)
     limits = quota_limits_in(cloud, conn, project_id, user_id)
-    limited = any(limits.get(r, -1) >= 0 for r in ("instances", "cores", "ram"))
-    members_limited = group_id is not None and limits.get("server_group_members", -1) >= 0
+    limited, members_limited = _applying(limits, group_id)
+    if (limited or members_limited) and not counts:
+        raise LimitsChanged(f"a quota of project {project_id} came to apply meanwhile")
     if limited or members_limited:
         used = count_instances(conn, project_id, group_id, members_only=not limited)
     else:
@@ -184,6 +209,13 @@ def reserve_instances(
             f"{cloud.config.max_instances_per_request} are allowed per request"
         )
     return allowed
+
+
+def _applying(limits: Mapping[str, int], group_id: str | None) -> tuple[bool, bool]:
+    """Whether a limit of the instances, cores or RAM applies to a create under these limits,
+    and whether the group's `server_group_members` does: what the create has to count."""
+    limited = any(limits.get(r, -1) >= 0 for r in ("instances", "cores", "ram"))
+    return limited, group_id is not None and limits.get("server_group_members", -1) >= 0
 
 
 def reserve_server_group(cloud: Cloud, conn: Connection, project_id: str) -> None:
