@@ -717,16 +717,14 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
 
         def migrated() -> bool:
             done = migration_statuses()
-            return sum(done.values()) >= len(moving) and all(
-                s in ("completed", "failed", "error", "cancelled") for s in done
-            )
+            return sum(done.values()) >= len(moving) and all(s in _ENDED for s in done)
 
         until(migrated, 600)
         migrate_s = time.perf_counter() - start_t
         ended = migration_statuses()
         # A migration that has not ended when the wait gives up counts, and shows, as such.
         figures["migrations_unended"] = len(moving) - sum(
-            n for s, n in ended.items() if s in ("completed", "failed", "error", "cancelled")
+            n for s, n in ended.items() if s in _ENDED
         )
         figures["migrations_per_s"] = (len(moving) - figures["migrations_unended"]) / migrate_s
         say(
@@ -755,6 +753,9 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
     )
     return figures
 
+
+_ENDED = frozenset({"completed", "failed", "error", "cancelled"})
+"""The statuses of a migration that has ended."""
 
 _ROWS = (
     ("trivial GET req/s", "get_rate", "{:.1f}"),

@@ -97,22 +97,36 @@ def test_creates_of_a_project_without_limits_do_not_wait_for_each_other(cloud: C
     assert instance_count(cloud, project) == 3
 
 
+def _behind_an_open_create(
+    cloud: Cloud, project: str, work: Callable[[], Any], limit: dict[str, int] | None = None
+) -> list[Any]:
+    """`work`'s outcome, started while a create of `project` holds its transaction open (and
+    after `limit` is set): it must still wait after a second, and end once the create commits."""
+    first = _OpenCreate(cloud, project)
+    try:
+        if limit is not None:
+            cloud.objects.update("quota", project, limit)
+        waiter, outcome = _started(work)
+        waiter.join(1.0)
+        assert waiter.is_alive(), "it went ahead of an open create"
+    finally:
+        first.commit()
+    waiter.join(15)
+    assert not waiter.is_alive()
+    return outcome
+
+
 def test_a_limited_create_waits_for_the_creates_holding_the_lock_and_counts_them(
     cloud: Cloud,
 ) -> None:
     project = _project(cloud, UNLIMITED)
-    first = _OpenCreate(cloud, project)
-    try:
-        # The limit applies from here: the next create counts, so it waits for the first.
-        cloud.objects.update("quota", project, {"instances": 3})
-        second, outcome = _started(
-            lambda: build_servers(cloud, request(5, project=project), "req-second")
-        )
-        second.join(1.0)
-        assert second.is_alive(), "a counting create went ahead of an open create"
-    finally:
-        first.commit()
-    second.join(15)
+    # The limit applies once the first create is open: the next create counts, so it waits.
+    outcome = _behind_an_open_create(
+        cloud,
+        project,
+        lambda: build_servers(cloud, request(5, project=project), "req-second"),
+        limit={"instances": 3},
+    )
     assert [len(docs) for docs in outcome] == [2]  # 3 allowed, 1 made by the first
     assert instance_count(cloud, project) == 3
 
@@ -121,16 +135,11 @@ def test_a_quota_update_waits_for_the_creates_holding_the_lock_and_counts_them(
     cloud: Cloud,
 ) -> None:
     project = _project(cloud, UNLIMITED)
-    first = _OpenCreate(cloud, project)
-    try:
-        setter, outcome = _started(
-            lambda: quotas.set_quota(cloud, project, None, {"instances": 0}, force=False)
-        )
-        setter.join(1.0)
-        assert setter.is_alive(), "the quota update went ahead of an open create"
-    finally:
-        first.commit()
-    setter.join(15)
+    outcome = _behind_an_open_create(
+        cloud,
+        project,
+        lambda: quotas.set_quota(cloud, project, None, {"instances": 0}, force=False),
+    )
     assert len(outcome) == 1 and isinstance(outcome[0], InvalidSpec)
     assert "already used and reserved 1" in str(outcome[0])
 
