@@ -105,6 +105,7 @@ class Cloud:
         self.db_url = db_url
         self.procs = procs
         self.engine = create_engine(db_url)
+        self.services: dict[str, int] = {}
 
     def pids(self) -> dict[str, list[int]]:
         return {kind: [p.pid for p in procs] for kind, procs in self.procs.items()}
@@ -112,6 +113,12 @@ class Cloud:
     def cpu(self) -> dict[str, float]:
         """CPU seconds used so far per process kind, children included (API workers)."""
         return {kind: sum(tree_cpu_s(pid) for pid in pids) for kind, pids in self.pids().items()}
+
+    def services_cpu(self) -> dict[str, float]:
+        """CPU seconds used so far by the services this machine runs for the cloud (production:
+        PostgreSQL and RabbitMQ), each a tree from its root process, with the children the
+        root has reaped (a PostgreSQL backend's CPU stays counted after its connection ends)."""
+        return {name: service_cpu_s(pid) for name, pid in self.services.items()}
 
     def stop(self) -> None:
         everything = [p for procs in self.procs.values() for p in procs]
@@ -234,6 +241,11 @@ def start_production(
         for host in hosts
     ]
     cloud = Cloud(base, db_url, {"api": [api], "conductor": conductors, "agent": agents})
+    cloud.services = {
+        kind: pid
+        for name, pid in service_roots(("postgres", "beam.smp")).items()
+        for kind in [{"postgres": "postgres", "beam.smp": "rabbitmq"}[name]]
+    }
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         with cloud.engine.connect() as conn:
@@ -444,6 +456,44 @@ def tree_cpu_s(pid: int) -> float:
     return cpu_s(pid) + sum(cpu_s(child) for child in children(pid))
 
 
+def service_cpu_s(pid: int) -> float:
+    """A service's CPU seconds so far: its root, its live descendants, and the children the
+    root has reaped (`cutime` and `cstime`)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    reaped = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    return tree_cpu_s(pid) + reaped
+
+
+def service_roots(names: tuple[str, ...]) -> dict[str, int]:
+    """The root process of each service named (its command name), if it runs on this
+    machine: the oldest process of that name whose parent has another name."""
+    comm: dict[int, tuple[str, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                head, tail = (entry / "stat").read_text().rsplit(")", 1)
+            except OSError:
+                continue
+            comm[int(entry.name)] = (head.split("(", 1)[1], int(tail.split()[1]))
+    roots: dict[str, int] = {}
+    for pid in sorted(comm):
+        name, ppid = comm[pid]
+        if name in names and name not in roots and comm.get(ppid, ("", 0))[0] != name:
+            roots[name] = pid
+    return roots
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (all but idle and I/O wait), from
+    /proc/stat: with it, a rate shows whether the machine, not one process, was the limit."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(v for v in values if v >= 0)
     if not ordered:
@@ -459,6 +509,22 @@ def statuses(cloud: Cloud) -> dict[str, int]:
         status = json.loads(body)["status"]
         out[status] = out.get(status, 0) + 1
     return out
+
+
+def builds_under_way(cloud: Cloud, servers: int) -> bool:
+    """True while fewer than `servers` instances exist or a build operation has not ended:
+    two counts from indexes, where `statuses` reads and decodes every instance."""
+    with cloud.engine.connect() as conn:
+        made = conn.execute(text("SELECT count(*) FROM objects WHERE kind = 'instance'"))
+        if made.scalar_one() < servers:
+            return True
+        building = conn.execute(
+            text(
+                "SELECT count(*) FROM operations WHERE kind = 'build' "
+                "AND state IN ('pending', 'unknown')"
+            )
+        )
+        return building.scalar_one() > 0
 
 
 def until(check: Callable[[], bool], timeout_s: float) -> float:
@@ -609,15 +675,24 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
     def say(text: str) -> None:
         print(f"[{label}] {text}", flush=True)
 
-    def cpu_since(before: dict[str, float], seconds: float, per: int) -> tuple[float, str]:
-        """All of the cloud's CPU seconds since `before`, and a line per process kind."""
-        now = cloud.cpu()
-        used = {kind: now[kind] - before.get(kind, 0.0) for kind in now}
+    def snapshot() -> tuple[dict[str, float], dict[str, float], float]:
+        return cloud.cpu(), cloud.services_cpu(), machine_busy_s()
+
+    def cpu_since(
+        before: tuple[dict[str, float], dict[str, float], float], seconds: float, per: int
+    ) -> tuple[float, float, float, str]:
+        """Since `before`: Stowage's CPU seconds, the services' (PostgreSQL, RabbitMQ), the
+        whole machine's busy seconds, and a line with each process kind's share."""
+        own, services, busy = snapshot()
+        used = {kind: own[kind] - before[0].get(kind, 0.0) for kind in own}
+        served = {kind: services[kind] - before[1].get(kind, 0.0) for kind in services}
         parts = [
-            f"{kind} {used[kind] / seconds:4.2f} cores ({used[kind] / per * 1e3:.2f} ms each)"
-            for kind in used
+            f"{kind} {cpu / seconds:4.2f} cores ({cpu / per * 1e3:.2f} ms each)"
+            for kind, cpu in (*used.items(), *served.items())
         ]
-        return sum(used.values()), "; ".join(parts)
+        machine = busy - before[2]
+        parts.append(f"machine busy {machine / seconds:4.2f} of {os.cpu_count()} cores")
+        return sum(used.values()), sum(served.values()), machine, "; ".join(parts)
 
     try:
         tok, project = token(base)
@@ -627,9 +702,9 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
         image = httpx.get(f"{base}/image/v2/images", headers=headers).json()["images"][0]["id"]
         network = make_network(base, tok, project) if args.nics else None
 
-        cpu0 = cloud.cpu()
+        cpu0 = snapshot()
         get_s, get_lat, get_gen = drive(load, base, tok, "get", image, args.gets, args.clients)
-        get_cpu, get_kinds = cpu_since(cpu0, get_s, args.gets)
+        get_cpu, _, _, get_kinds = cpu_since(cpu0, get_s, args.gets)
         figures.update(
             get_rate=args.gets / get_s,
             get_p50_ms=pct(get_lat, 0.5) * 1e3,
@@ -644,22 +719,27 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
         )
 
         def settled() -> bool:
+            # The cheap look first: while a build is under way, reading and decoding every
+            # instance ten times a second would load the database and this machine (6 ms of
+            # PostgreSQL and 9 ms of this process a look at 2,000 servers), not the cloud's.
+            if builds_under_way(cloud, args.servers):
+                return False
             counts = statuses(cloud)
             return counts.get("ACTIVE", 0) + counts.get("ERROR", 0) >= args.servers
 
-        cpu0 = cloud.cpu()
+        cpu0 = snapshot()
         profiles.start(label)
         threads.start()
         start_t = time.perf_counter()
         create_s, lat, create_gen = drive(
             load, base, tok, "create", image, args.servers, args.clients, network
         )
-        create_cpu, create_kinds = cpu_since(cpu0, create_s, args.servers)
+        create_cpu, _, _, create_kinds = cpu_since(cpu0, create_s, args.servers)
         create_threads = threads.report(create_s)
         threads.start()
         until(settled, 900)
         total_s = time.perf_counter() - start_t
-        boot_cpu, boot_kinds = cpu_since(cpu0, total_s, args.servers)
+        boot_cpu, boot_services, boot_machine, boot_kinds = cpu_since(cpu0, total_s, args.servers)
         rest_threads = threads.report(total_s - create_s)
         profiles.stop(say, label)
         counts = statuses(cloud)
@@ -672,6 +752,8 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
             boots_per_s=args.servers / total_s,
             boot_server_cpu_ms=boot_cpu / args.servers * 1e3,
             boot_cores=boot_cpu / total_s,
+            boot_services_cpu_ms=boot_services / args.servers * 1e3,
+            boot_machine_cores=boot_machine / total_s,
             errors=float(counts.get("ERROR", 0)),
         )
         say(
@@ -768,6 +850,8 @@ _ROWS = (
     ("boots/s to ACTIVE or ERROR", "boots_per_s", "{:.1f}"),
     ("stowage CPU ms per boot (all of it)", "boot_server_cpu_ms", "{:.1f}"),
     ("stowage CPU cores busy while booting", "boot_cores", "{:.2f}"),
+    ("services' CPU ms per boot (PostgreSQL, RabbitMQ)", "boot_services_cpu_ms", "{:.1f}"),
+    ("machine cores busy while booting", "boot_machine_cores", "{:.2f}"),
     ("servers in ERROR", "errors", "{:.0f}"),
     ("GET /servers/detail ms", "detail_ms", "{:.1f}"),
     ("live migrations/s", "migrations_per_s", "{:.1f}"),
