@@ -13,7 +13,7 @@ from sqlalchemy import func, select, text
 from stowage.domain.claims import Claim, ClaimOutcome, ConsumerKind, GroupSlot, RefusalCode
 from stowage.domain.flavor import Flavor, InstanceShape, shape_of
 from stowage.domain.groups import GroupPolicy, ServerGroup, parse_group
-from stowage.domain.numa import Fit, HostFree, fit_instance
+from stowage.domain.numa import CellFit, Fit, HostFree, fit_instance
 from stowage.domain.topology import HostSpec, HostTopology, ResourceClass
 from stowage.ledger import Ledger, audit
 from stowage.ledger.db import READONLY
@@ -255,6 +255,39 @@ def test_claim_commits_amounts_cells_pins_slot_and_host_at_once(ledger: Ledger) 
     assert dict(view.groups[ANTI.id].per_domain) == {"host=h1": 1}
     assert dict(view.groups[ANTI.id].per_host) == {h1: 1}
     assert_clean(ledger)
+
+
+def test_the_conductors_read_of_a_claim_gives_its_host_pins_cells_and_memory(
+    ledger: Ledger,
+) -> None:
+    """`claim_in` (what a spawn or a move sends the agent) in one statement: the guest cells'
+    host cells in guest order, the pins without the withheld siblings, the memory."""
+    from stowage.services.conductor import claim_in
+
+    ids = register(ledger, "h1")
+    h1 = ids["h1"]
+    # Guest cell 0 on host cell 1 (its vCPUs pinned out of order, sibling 12 withheld), guest
+    # cell 1 on host cell 0.
+    crossed = Fit(
+        cells=(
+            CellFit(0, 1, 512, {0: 5, 1: 4}, frozenset({12})),
+            CellFit(1, 0, 512, {2: 0, 3: 1}, frozenset()),
+        )
+    )
+    amounts = {ResourceClass.PCPU: 5, ResourceClass.MEMORY_MB: 1024, ResourceClass.DISK_GB: 10}
+    pinned = Claim("vm-p", "vm-p", h1, amounts, crossed)
+    shared = make_claim(ledger, "vm-s", h1, SHARED2)
+    assert [o.ok for o in ledger.claim([pinned, shared])] == [True, True]
+
+    with ledger.engine.connect().execution_options(**READONLY) as conn:
+        assert claim_in(conn, "vm-p") == {
+            "host": "h1",
+            "pins": {"0": 5, "1": 4, "2": 0, "3": 1},
+            "cells": [1, 0],
+            "memory_mb": 1024,
+        }
+        assert claim_in(conn, "vm-s") == {"host": "h1", "pins": {}, "cells": [], "memory_mb": 1024}
+        assert claim_in(conn, "vm-none") is None
 
 
 # --- a batch with one bad claim ---------------------------------------------------------

@@ -56,7 +56,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select
+from sqlalchemy import Connection, String, bindparam, cast, func, select
 
 from stowage.bus.base import BusError, RemoteError, Transport, compute_topic
 from stowage.domain.errors import NotFound
@@ -141,41 +141,52 @@ def claim_of(cloud: Cloud, consumer_id: str) -> dict[str, Any] | None:
         return claim_in(conn, consumer_id)
 
 
-# `claim_in`'s reads, built once (every spawn and move makes them: docs/performance.md,
-# session 8). The consumer's key is read once, with its host.
-_CLAIM_HOST = (
-    select(hosts.c.name, consumers.c.seq)
+# `claim_in`'s read, built once (every spawn and move makes it: docs/performance.md, session
+# 8), and one statement (four before: 2026-12-05, session 13): the memory, the pins and the
+# cells come as scalar subqueries of the consumer's row, the lists as "key:value" strings.
+def _pairs(key: Any, value: Any) -> Any:
+    return func.aggregate_strings(cast(key, String) + ":" + cast(value, String), ",")
+
+
+_CLAIM = (
+    select(
+        hosts.c.name,
+        select(allocations.c.amount)
+        .where(
+            allocations.c.consumer_seq == consumers.c.seq,
+            allocations.c.resource_class == ResourceClass.MEMORY_MB.value,
+        )
+        .limit(1)
+        .scalar_subquery(),
+        select(_pairs(pins.c.guest_vcpu, pins.c.cpu_id))
+        .where(pins.c.consumer_seq == consumers.c.seq, pins.c.guest_vcpu.is_not(None))
+        .scalar_subquery(),
+        select(_pairs(numa_claims.c.guest_cell, numa_claims.c.cell_id))
+        .where(numa_claims.c.consumer_seq == consumers.c.seq)
+        .scalar_subquery(),
+    )
     .select_from(consumers.join(hosts, hosts.c.id == consumers.c.host_id))
     .where(consumers.c.id == bindparam("consumer"))
 )
-_CLAIM_PINS = select(pins.c.guest_vcpu, pins.c.cpu_id).where(
-    pins.c.consumer_seq == bindparam("seq"), pins.c.guest_vcpu.is_not(None)
-)
-_CLAIM_CELLS = (
-    select(numa_claims.c.cell_id)
-    .where(numa_claims.c.consumer_seq == bindparam("seq"))
-    .order_by(numa_claims.c.guest_cell)
-)
-_CLAIM_MEMORY = select(allocations.c.amount).where(
-    allocations.c.consumer_seq == bindparam("seq"),
-    allocations.c.resource_class == ResourceClass.MEMORY_MB.value,
-)
+
+
+def _split_pairs(text: str | None) -> list[tuple[int, int]]:
+    if not text:
+        return []
+    return [(int(k), int(v)) for k, _, v in (pair.partition(":") for pair in text.split(","))]
 
 
 def claim_in(conn: Connection, consumer_id: str) -> dict[str, Any] | None:
     """`claim_of` inside a transaction the caller holds."""
-    found = conn.execute(_CLAIM_HOST, {"consumer": consumer_id}).first()
+    found = conn.execute(_CLAIM, {"consumer": consumer_id}).first()
     if found is None:
         return None
-    host, seq = found
-    key = {"seq": seq}
-    pinned = conn.execute(_CLAIM_PINS, key).all()
-    cells = conn.execute(_CLAIM_CELLS, key).scalars()
-    memory = conn.execute(_CLAIM_MEMORY, key).scalar()
+    host, memory, pinned, cells = found
     return {
         "host": host,
-        "pins": {str(v): int(c) for v, c in pinned},
-        "cells": [int(c) for c in cells],
+        "pins": {str(v): c for v, c in _split_pairs(pinned)},
+        # The host cell of each guest cell, in the guest cells' order.
+        "cells": [c for _, c in sorted(_split_pairs(cells))],
         "memory_mb": int(memory or 0),
     }
 
