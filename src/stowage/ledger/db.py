@@ -16,6 +16,7 @@ import greenlet
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.engine.characteristics import ConnectionCharacteristic
 from sqlalchemy.exc import DBAPIError
 
 __all__ = [
@@ -30,7 +31,7 @@ __all__ = [
 ]
 
 # Execution option for read transactions: on SQLite they begin DEFERRED and do not wait
-# for the writer lock.
+# for the writer lock; on PostgreSQL they send no BEGIN and no ROLLBACK (`_ReadStatements`).
 READONLY = {"stowage_readonly": True}
 
 # Set (to anything but "" or "0") by the test suite: engines made meanwhile raise
@@ -62,7 +63,16 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
         # thread pool and the conductor's): a thread holding the lock never waits for one.
         engine = create_engine(url, connect_args={"timeout": 60.0}, pool_size=16, max_overflow=112)
     else:
-        engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+        # Every connection the pool opens stays open (at most 2 x `pool_size`, as before): an
+        # overflow connection closed at its return, and opened again at the next burst, cost
+        # PostgreSQL a backend's start each time (a fork and its catalog caches, several ms of
+        # CPU): under 16 clients the API opened a session per 5 trivial GETs, and PostgreSQL
+        # spent more CPU on them than on the statements (docs/performance.md, session 13).
+        engine = create_engine(url, pool_size=2 * pool_size, max_overflow=0, pool_pre_ping=True)
+        dialect: Any = engine.dialect
+        dialect.connection_characteristics = dialect.connection_characteristics.union(
+            {"stowage_readonly": _ReadStatements()}
+        )
     if os.environ.get(GUARD_ENV, "") not in ("", "0"):
         # Before SQLite's own begin: a nested write would wait there for the busy timeout.
         _guard_nesting(engine)
@@ -132,6 +142,33 @@ def _guard_nesting(engine: Engine) -> None:
         "transaction inside an open one (a test-mode guard)",
         GUARD_ENV,
     )
+
+
+class _ReadStatements(ConnectionCharacteristic):
+    """PostgreSQL: a READONLY connection runs its statements in autocommit mode.
+
+    At READ COMMITTED (PostgreSQL's default, and the ledger's) each statement of a
+    transaction reads as of its own start, so a transaction that only reads gives its
+    statements nothing that running each alone does not; it costs a BEGIN and a ROLLBACK,
+    two round trips, and psycopg forgets the statements it prepared at every ROLLBACK
+    (DEALLOCATE ALL, a third), so the ledger's statements were planned again at each use.
+    The driver's autocommit flag is set at checkout, before any statement, and reset when
+    the connection goes back to the pool. A server whose default isolation is stricter
+    (`default_transaction_isolation`), where a read transaction does read as of one moment,
+    keeps its read transactions."""
+
+    __slots__ = ()
+    transactional = True
+
+    def set_characteristic(self, dialect: Any, dbapi_conn: Any, value: Any) -> None:
+        if value and dialect.default_isolation_level == "READ COMMITTED":
+            dialect.set_isolation_level(dbapi_conn, "AUTOCOMMIT")
+
+    def reset_characteristic(self, dialect: Any, dbapi_conn: Any) -> None:
+        dialect.reset_isolation_level(dbapi_conn)
+
+    def get_characteristic(self, dialect: Any, dbapi_conn: Any) -> Any:
+        return dialect.get_isolation_level(dbapi_conn) == "AUTOCOMMIT"
 
 
 def _tune_sqlite(engine: Engine) -> None:

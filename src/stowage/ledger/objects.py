@@ -118,12 +118,13 @@ class ObjectStore:
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Connection]:
-        """One read transaction for every read of this store the calling thread makes inside
+        """One read connection for every read of this store the calling thread makes inside
         (`find`, `get`, `list`, `ids`), and for the caller's own reads on the connection it
-        yields: a step that reads many documents reads them as of one moment, in one
-        transaction. Nothing may be written inside: a write takes a second connection while
-        this one is held (the test suite's guard refuses it). Inside `writing()`, its
-        transaction."""
+        yields. On SQLite they are one transaction and read as of one moment; on PostgreSQL
+        each statement reads as of its own start (READ COMMITTED, where a read transaction
+        gives no more), outside any transaction (`db._ReadStatements`). Nothing may be written
+        inside: a write takes a second connection while this one is held (the test suite's
+        guard refuses it). Inside `writing()`, its transaction."""
         held = self._held()
         if held is not None:
             yield held.conn
