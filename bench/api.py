@@ -752,10 +752,11 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
             boots_per_s=args.servers / total_s,
             boot_server_cpu_ms=boot_cpu / args.servers * 1e3,
             boot_cores=boot_cpu / total_s,
-            boot_services_cpu_ms=boot_services / args.servers * 1e3,
             boot_machine_cores=boot_machine / total_s,
             errors=float(counts.get("ERROR", 0)),
         )
+        if cloud.services:  # production: PostgreSQL and RabbitMQ on this machine
+            figures["boot_services_cpu_ms"] = boot_services / args.servers * 1e3
         say(
             f"creates answered, {clients} clients: {figures['create_rate']:8.1f} req/s, "
             f"p50 {figures['create_p50_ms']:6.1f} ms, p99 {figures['create_p99_ms']:6.1f} ms, "
