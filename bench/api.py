@@ -11,7 +11,8 @@ of `--clients` threads each sending plain HTTP:
   network made for the run) and waits until every one is ACTIVE or
   ERROR (read from the ledger's file, so the poll does not load the API); prints boots/s to a
   settled state, the ERROR count (a throughput figure must count them), and create latency
-  percentiles;
+  percentiles (the wait counts instances and unended builds, and reads the statuses only
+  once none is left, so the poll does not load the database);
 - measures the same load generator against a trivial authenticated GET (`GET /flavors/1`):
   the rate of the HTTP stack itself, the first limit;
 - measures the scheduler-and-ledger claim rate on a fresh ledger of the same hosts on the
@@ -28,7 +29,10 @@ two side by side.
 With `--production` the cloud is the production processes instead (issue 12's second
 target): `stowage api --workers W`, `--conductors C` conductors and one `stowage agent
 --driver sim` per host, sharing a fresh PostgreSQL schema (`--pg-url`) and RabbitMQ (`--bus`).
-CPU is then printed per process kind (the API's workers summed), and `--profile DIR` records
+CPU is then printed per process kind (the API's workers summed), with PostgreSQL's and
+RabbitMQ's where they run on this machine (each a tree from its root process, the backends it
+has reaped included) and the machine's busy cores, so a run shows when the machine, not one
+process, is the limit; `--profile DIR` records
 a py-spy profile (`py-spy record --gil`, raw collapsed stacks) of one process of each kind
 while the creates run and prints each one's heaviest functions by inclusive share:
 
