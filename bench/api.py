@@ -68,9 +68,10 @@ from typing import Any
 
 import httpx
 import yaml
-from sqlalchemy import create_engine, text
+from sqlalchemy import bindparam, create_engine, text
 
 from stowage.domain.keystone import password_login
+from stowage.ledger.operations import ACTIVE_STATES
 
 BIN = Path(sys.executable).parent
 
@@ -245,11 +246,8 @@ def start_production(
         for host in hosts
     ]
     cloud = Cloud(base, db_url, {"api": [api], "conductor": conductors, "agent": agents})
-    cloud.services = {
-        kind: pid
-        for name, pid in service_roots(("postgres", "beam.smp")).items()
-        for kind in [{"postgres": "postgres", "beam.smp": "rabbitmq"}[name]]
-    }
+    kinds = {"postgres": "postgres", "beam.smp": "rabbitmq"}  # command name: what it is
+    cloud.services = {kinds[name]: pid for name, pid in service_roots(tuple(kinds)).items()}
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         with cloud.engine.connect() as conn:
@@ -365,14 +363,23 @@ def cpu_s(pid: int) -> float:
     return sum(times_s(Path(f"/proc/{pid}/stat")))
 
 
+def stat_fields(stat: Path) -> tuple[str, list[str]] | None:
+    """A /proc `stat` file's command name and the fields after it (`state` is the first);
+    None once the process or thread is gone."""
+    try:
+        head, tail = stat.read_text().rsplit(")", 1)
+    except (OSError, ValueError):
+        return None
+    return head.split("(", 1)[1], tail.split()
+
+
 def times_s(stat: Path) -> tuple[float, float]:
     """User and system CPU seconds of a /proc `stat` file (a process's or a thread's); zero
     once it is gone."""
-    try:
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    read = stat_fields(stat)
+    if read is None:
         return (0.0, 0.0)
-    tick = os.sysconf("SC_CLK_TCK")
+    fields, tick = read[1], os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) / tick, int(fields[12]) / tick)
 
 
@@ -438,16 +445,20 @@ class Threads:
         )
 
 
+def processes() -> dict[int, tuple[str, int]]:
+    """Every live process's command name and parent, by pid, from /proc."""
+    out: dict[int, tuple[str, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (read := stat_fields(entry / "stat")) is not None:
+            out[int(entry.name)] = (read[0], int(read[1][1]))
+    return out
+
+
 def children(pid: int) -> list[int]:
     """Every live descendant of `pid`."""
     parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry.name))
+    for child, (_, ppid) in processes().items():
+        parents.setdefault(ppid, []).append(child)
     out, todo = [], [pid]
     while todo:
         for child in parents.get(todo.pop(), []):
@@ -463,25 +474,17 @@ def tree_cpu_s(pid: int) -> float:
 def service_cpu_s(pid: int) -> float:
     """A service's CPU seconds so far: its root, its live descendants, and the children the
     root has reaped (`cutime` and `cstime`)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    read = stat_fields(Path(f"/proc/{pid}/stat"))
+    if read is None:
         return 0.0
-    reaped = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    reaped = (int(read[1][13]) + int(read[1][14])) / os.sysconf("SC_CLK_TCK")
     return tree_cpu_s(pid) + reaped
 
 
 def service_roots(names: tuple[str, ...]) -> dict[str, int]:
     """The root process of each service named (its command name), if it runs on this
     machine: the oldest process of that name whose parent has another name."""
-    comm: dict[int, tuple[str, int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                head, tail = (entry / "stat").read_text().rsplit(")", 1)
-            except OSError:
-                continue
-            comm[int(entry.name)] = (head.split("(", 1)[1], int(tail.split()[1]))
+    comm = processes()
     roots: dict[str, int] = {}
     for pid in sorted(comm):
         name, ppid = comm[pid]
@@ -524,9 +527,9 @@ def builds_under_way(cloud: Cloud, servers: int) -> bool:
             return True
         building = conn.execute(
             text(
-                "SELECT count(*) FROM operations WHERE kind = 'build' "
-                "AND state IN ('pending', 'unknown')"
-            )
+                "SELECT count(*) FROM operations WHERE kind = 'build' AND state IN :states"
+            ).bindparams(bindparam("states", expanding=True)),
+            {"states": list(ACTIVE_STATES)},
         )
         return building.scalar_one() > 0
 
