@@ -743,3 +743,60 @@ def test_audit_reports_claims_left_behind_by_a_deleted_consumer(ledger: Ledger) 
         "[pcpu.not_dedicated] h2 pCPU 2 pinned by vm-b is not in cpu_dedicated_set",
         "[pcpu.claim_mismatch] vm-b on h2: PCPU allocation 0 but 1 pinned pCPUs",
     } <= found
+
+
+def test_an_instances_claim_is_keyed_by_its_instance_id(ledger: Ledger) -> None:
+    """An instance's consumer row is found by its `id` alone (only moves have `instance_id`
+    indexed), so the ledger refuses to key one by anything else, and writes nothing."""
+    ids = register(ledger, "h1")
+    odd = make_claim(ledger, "c-1", ids["h1"], SHARED2, instance_id="vm-1")
+    with pytest.raises(ValueError, match="keyed by its instance id"):
+        ledger.claim([odd])
+    assert read(ledger, select(func.count()).select_from(consumers)) == [(0,)]
+
+
+def test_a_groups_members_are_read_by_index_with_their_moves(tmp_path: Any) -> None:
+    """The statements that find a group's members' consumers on the claim path (a claim's
+    affinity check, a view's first read of a group) search `consumers` through an index, and
+    see a member's move as well as the member."""
+    from sqlalchemy import event
+
+    from stowage.scheduling.view import View
+
+    url = f"sqlite:///{tmp_path / 'members.db'}"
+    ledger = Ledger.open(url)
+    try:
+        ids = register(ledger, "h1", "h2")
+        ledger.create_group(AFFINITY)
+        [first] = ledger.claim([make_claim(ledger, "vm-a", ids["h1"], SHARED2, group=AFFINITY)])
+        assert first.ok
+        move = make_claim(
+            ledger, "mig-a", ids["h2"], SHARED2, instance_id="vm-a", kind=ConsumerKind.MIGRATION
+        )
+        assert ledger.claim([move])[0].ok
+        seen: list[tuple[str, Any]] = []
+
+        def capture(conn: Any, cursor: Any, sql: str, params: Any, *_: Any) -> None:
+            if "group_members" in sql and "consumers" in sql:
+                seen.append((sql, params))
+
+        event.listen(ledger.engine, "before_cursor_execute", capture)
+        # vm-a sits on h1 and its move on h2: an affinity member cannot join either alone.
+        [refused] = ledger.claim([make_claim(ledger, "vm-b", ids["h1"], SHARED2, group=AFFINITY)])
+        view = View()  # empty: the group's first read is ensure_group's
+        ledger.ensure_group(view, AFFINITY.id)
+        event.remove(ledger.engine, "before_cursor_execute", capture)
+        assert refused.code is RefusalCode.AFFINITY, refused
+        assert "h2" in refused.reason
+        per_host = view.groups[AFFINITY.id].per_host
+        assert (per_host[ids["h1"]], per_host[ids["h2"]]) == (1, 1)
+        assert len(seen) >= 3, [s for s, _ in seen]
+        with ledger.engine.connect() as conn:
+            for sql, params in seen:
+                plan = [
+                    str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, params)
+                ]
+                scans = [p for p in plan if p.startswith("SCAN consumers")]
+                assert not scans, (sql, plan)
+    finally:
+        ledger.close()

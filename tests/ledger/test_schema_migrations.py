@@ -418,3 +418,72 @@ def test_address_claims_are_keyed_by_subnet_and_address_from_0008(engine: Engine
             conn.execute(select(objects.c.id).where(objects.c.kind == "ip_allocation")).scalars()
         )
     assert ids == {_uuid5("ip", s, a) for s, a in claims}
+
+
+def _consumer_indexes(engine: Engine) -> dict[str, list[str]]:
+    return {
+        str(ix["name"]): [str(c) for c in ix["column_names"]]
+        for ix in inspect(engine).get_indexes("consumers")
+    }
+
+
+def test_from_0011_only_moves_have_their_instance_id_indexed(engine: Engine) -> None:
+    """0011 replaces the index of every consumer's `instance_id` (a write at a random page
+    for every claim) with one of the moves' alone; an instance in flight is still found with
+    its move, and a downgrade puts the full index back."""
+    from sqlalchemy import insert, select
+
+    from stowage.ledger.schema import consumers, consumers_of_instance
+
+    migrate(engine, "0010")
+    assert _consumer_indexes(engine)["ix_consumers_instance_id"] == ["instance_id"]
+    rows = [
+        {"seq": 1, "id": "vm-a", "kind": "instance", "instance_id": "vm-a"},
+        {"seq": 2, "id": "mig-a", "kind": "migration", "instance_id": "vm-a"},
+        {"seq": 3, "id": "vm-b", "kind": "instance", "instance_id": "vm-b"},
+    ]
+    common = {"project_id": "p", "user_id": "u", "generation": 0, "created_at": 1.0}
+    with engine.begin() as conn:
+        conn.execute(insert(consumers), [{**r, **common} for r in rows])
+    migrate(engine)
+    indexes = _consumer_indexes(engine)
+    assert "ix_consumers_instance_id" not in indexes
+    assert indexes["ix_consumers_migration_instance_id"] == ["instance_id"]
+    with engine.connect() as conn:
+        found = conn.execute(
+            select(consumers.c.id).where(consumers_of_instance("vm-a")).order_by(consumers.c.id)
+        ).scalars()
+        assert list(found) == ["mig-a", "vm-a"]
+        if engine.dialect.name == "sqlite":
+            (sql,) = conn.exec_driver_sql(
+                "SELECT sql FROM sqlite_master WHERE name = 'ix_consumers_migration_instance_id'"
+            ).one()
+            assert "WHERE kind = 'migration'" in sql, sql
+    command.downgrade(alembic_config(url_of(engine)), "0010")
+    assert _consumer_indexes(engine)["ix_consumers_instance_id"] == ["instance_id"]
+
+
+def test_0011_refuses_an_instance_consumer_keyed_by_another_id(engine: Engine) -> None:
+    """The moves-only index finds an instance's own row by its id: a ledger where that does
+    not hold is refused, not upgraded into one whose lookups miss the row."""
+    from sqlalchemy import insert
+
+    from stowage.ledger.schema import consumers
+
+    migrate(engine, "0010")
+    with engine.begin() as conn:
+        conn.execute(
+            insert(consumers).values(
+                seq=1,
+                id="c-1",
+                kind="instance",
+                instance_id="vm-1",
+                project_id="p",
+                user_id="u",
+                generation=0,
+                created_at=1.0,
+            )
+        )
+    with pytest.raises(RuntimeError, match="c-1 is an instance whose id is not its instance_id"):
+        migrate(engine)
+    assert current(engine) == "0010"

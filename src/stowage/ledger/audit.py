@@ -15,6 +15,7 @@ from stowage.ledger.schema import (
     allocations,
     cells,
     consumers,
+    consumers_of_instance,
     group_members,
     group_slots,
     hosts,
@@ -215,7 +216,7 @@ def _groups(conn: Connection, names: dict[int, str]) -> list[Violation]:
     for group_id, consumer_id, host_id in conn.execute(
         select(group_members.c.group_id, consumers.c.id, consumers.c.host_id)
         .select_from(
-            group_members.join(consumers, consumers.c.instance_id == group_members.c.instance_id)
+            group_members.join(consumers, consumers_of_instance(group_members.c.instance_id))
         )
         .where(consumers.c.host_id.is_not(None))
     ):

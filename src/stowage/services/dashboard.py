@@ -19,6 +19,7 @@ from stowage.ledger.schema import (
     changes,
     consumer_key,
     consumers,
+    consumers_of_instance,
     group_slots,
     hosts,
     numa_claims,
@@ -265,7 +266,7 @@ def server_claim(cloud: Cloud, instance_id: str) -> ServerClaim:
     with cloud.ledger.engine.connect().execution_options(**READONLY) as conn, conn.begin():
         rows = conn.execute(
             select(consumers.c.id, consumers.c.seq, consumers.c.kind, consumers.c.host_id).where(
-                consumers.c.instance_id == instance_id
+                consumers_of_instance(instance_id)
             )
         ).all()
         own = next((r for r in rows if r.kind == "instance"), None)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, exists, select
+from sqlalchemy import and_, exists, literal_column, select
 
 from stowage.domain.claims import ConsumerKind
 from stowage.ledger.db import READONLY
@@ -132,7 +132,8 @@ def expected_on_host(ledger: Ledger, host_name: str) -> dict[str, Expected]:
     moving = (
         exists()
         .where(
-            other.c.kind == ConsumerKind.MIGRATION.value,
+            # A literal, so the partial index of moves serves it.
+            other.c.kind == literal_column("'migration'"),
             other.c.instance_id == consumers.c.instance_id,
             other.c.id != consumers.c.id,
         )

@@ -55,6 +55,13 @@ class Claims(Groups):
         """
         if not batch:
             return []
+        for c in batch:
+            if c.kind is ConsumerKind.INSTANCE and c.consumer_id != c.instance_id:
+                # The schema's partial index of moves relies on it (`consumers_of_instance`).
+                raise ValueError(
+                    f"an instance's claim is keyed by its instance id: consumer "
+                    f"{c.consumer_id} claims for instance {c.instance_id}"
+                )
         for attempt in range(_BATCH_RETRIES_MAX):
             try:
                 with self.engine.begin() as conn:

@@ -14,6 +14,7 @@ from stowage.ledger.db import READONLY
 from stowage.ledger.ledger.core import LedgerCore, _group_from_row, _Refusal
 from stowage.ledger.schema import (
     consumers,
+    consumers_of_instance,
     group_members,
     hosts,
     server_groups,
@@ -78,7 +79,7 @@ class Groups(LedgerCore):
             select(hosts.c.name)
             .select_from(
                 group_members.join(
-                    consumers, consumers.c.instance_id == group_members.c.instance_id
+                    consumers, consumers_of_instance(group_members.c.instance_id)
                 ).join(hosts, hosts.c.id == consumers.c.host_id)
             )
             .where(group_members.c.group_id == group_id, consumers.c.host_id != claim.host_id)

@@ -22,6 +22,7 @@ from stowage.ledger.schema import (
     cells,
     changes,
     consumers,
+    consumers_of_instance,
     group_members,
     group_slots,
     hosts,
@@ -180,7 +181,7 @@ class Views(Groups):
                     select(consumers.c.host_id)
                     .select_from(
                         group_members.join(
-                            consumers, consumers.c.instance_id == group_members.c.instance_id
+                            consumers, consumers_of_instance(group_members.c.instance_id)
                         )
                     )
                     .where(group_members.c.group_id == group_id, consumers.c.host_id.is_not(None))
