@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import importlib.util
 import inspect
 import json
 import math
@@ -135,11 +136,41 @@ def _uuid(rng: random.Random) -> str:
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
-def make_workload(seed: int, instances: int) -> Workload:
+IDS = ("api", "uuid4")
+"""How the instances' ids are made: `api` as the compute API makes a server's
+(`stowage.domain.ids`: time-ordered, the bench's clock one millisecond per
+`_IDS_PER_MS` requests from 2026-01-01), or `uuid4`, random as the API made them before
+(and as the bench did until session 15)."""
+_IDS_PER_MS = 4
+_IDS_FROM_MS = 1_767_225_600_000
+
+
+def _this_checkouts_ids() -> Any:
+    """`stowage.domain.ids` of this checkout, also in a process importing stowage from
+    --before-src (whose tree may not have it): both sides get the same stream."""
+    path = Path(__file__).resolve().parents[1] / "src" / "stowage" / "domain" / "ids.py"
+    spec = importlib.util.spec_from_file_location("_bench_stowage_ids", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+time_ordered = _this_checkouts_ids().time_ordered
+
+
+def _instance_id(rng: random.Random, ids: str, n: int) -> str:
+    if ids == "uuid4":
+        return _uuid(rng)
+    return str(time_ordered(_IDS_FROM_MS + n // _IDS_PER_MS, rng.getrandbits(128)))
+
+
+def make_workload(seed: int, instances: int, ids: str = "api") -> Workload:
     """Deterministic from the seed, so every process rebuilds the same stream.
 
     Exactly 30% of requests use a dedicated flavor and 20% are anti-affinity members, in
-    groups of ten arriving together (a multi-create), at random places in the stream.
+    groups of ten arriving together (a multi-create), at random places in the stream. The
+    random draws are the same whatever `ids` is: only the instances' ids differ.
     """
     rng = random.Random(seed)
     members = round(instances * MEMBER_SHARE)
@@ -166,7 +197,7 @@ def make_workload(seed: int, instances: int) -> Workload:
                 flavor = rng.choices(ded_idx, ded_w)[0]
             else:
                 flavor = rng.choices(shared_idx, shared_w)[0]
-            items.append((_uuid(rng), flavor, group))
+            items.append((_instance_id(rng, ids, len(items)), flavor, group))
     groups = [_uuid(rng) for _ in range(n_groups)]
     rack_groups = frozenset(rng.sample(range(n_groups), round(n_groups * RACK_GROUP_SHARE)))
     return Workload(items, groups, rack_groups)
@@ -391,6 +422,7 @@ def _stowage_worker(
     procs: int,
     url: str,
     seed: int,
+    ids: str,
     instances: int,
     batch: int,
     shard: bool,
@@ -400,7 +432,7 @@ def _stowage_worker(
 ) -> None:
     try:
         ledger = Ledger.open(url, upgrade=False)
-        workload = make_workload(seed, instances)
+        workload = make_workload(seed, instances, ids)
         lo, hi = share(instances, procs, index)
         rng = random.Random(seed * 1000 + index)
         pipeline = Pipeline(
@@ -539,6 +571,7 @@ def _baseline_worker(
     backend: str,
     url: str,
     seed: int,
+    ids: str,
     claims: int,
     barrier: Any,
     results: Any,
@@ -550,7 +583,7 @@ def _baseline_worker(
     consumer, a guarded usage update per resource class, the allocations, the pins.
     """
     try:
-        workload = make_workload(seed, claims)
+        workload = make_workload(seed, claims, ids)
         lo, hi = share(claims, procs, index)
         shapes = [shape_of(f) for f in flavors()]
         items = workload.items[lo:hi]
@@ -751,7 +784,7 @@ def run_config(
         out = _run_processes(
             _stowage_worker,
             procs,
-            (url, args.seed, args.instances, args.batch, args.shard, args.freeze_view),
+            (url, args.seed, args.ids, args.instances, args.batch, args.shard, args.freeze_view),
         )
     finally:
         if src is not None:
@@ -794,7 +827,9 @@ def run_config(
     res.setup["drop_and_copy_s"] = time.monotonic() - t0
     claims = min(args.instances, args.baseline_claims)
     say(f"  baseline: {claims} bare SQL claims, one commit each, {procs} process(es)...")
-    base = _run_processes(_baseline_worker, procs, (dbs.backend, base_url, args.seed, claims))
+    base = _run_processes(
+        _baseline_worker, procs, (dbs.backend, base_url, args.seed, args.ids, claims)
+    )
     res.baseline_claims = sum(r["claims"] for r in base)
     res.baseline_refused = sum(r["refused"] for r in base)
     res.baseline_wall_s = max(r["end"] for r in base) - min(r["start"] for r in base)
@@ -827,7 +862,7 @@ def run_backend(
     out: list[RunResult] = []
     try:
         settings = dbs.settings()
-        workload = make_workload(args.seed, args.instances)
+        workload = make_workload(args.seed, args.instances, args.ids)
         for hosts in args.hosts:
             demand = demand_per_host(args.instances, hosts)
             if max(demand.values()) > 0.9:
@@ -945,7 +980,7 @@ def render(results: list[RunResult], args: argparse.Namespace, env: dict[str, An
     table = Table(
         title=(
             f"stowage placement benchmark: {args.instances:,} instances, batch {args.batch}, "
-            f"seed {args.seed}"
+            f"seed {args.seed}, instance ids {args.ids}"
         ),
         caption=(
             "placements/s = placed / wall time of the placement phase. Claim latency: a "
@@ -1125,6 +1160,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--instances", type=int, default=None, help="default 20000")
     p.add_argument("--batch", type=int, default=256, help="requests per schedule() call")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--ids",
+        choices=IDS,
+        default="api",
+        help="instance ids: api (time-ordered, as the compute API makes them; default) or "
+        "uuid4 (random, as before session 15)",
+    )
     p.add_argument(
         "--no-shard",
         dest="shard",

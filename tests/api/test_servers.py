@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from typing import Any
 
@@ -199,6 +200,34 @@ def test_min_count_places_all_or_none(cloud: RunningCloud) -> None:
     assert sorted(s["status"] for s in mine) == ["ACTIVE", "ACTIVE"]
     for s in mine:
         assert compute(cloud, token, "DELETE", f"/servers/{s['id']}").status_code == 204
+
+
+def test_server_ids_are_uuids_that_sort_by_creation(cloud: RunningCloud) -> None:
+    """Version 7 UUIDs (RFC 9562): the rows keyed and indexed by a server's id go in at the
+    end of each B-tree instead of at a random page (docs/performance.md, session 15)."""
+    token = cloud.token()
+    ids = []
+    for _ in range(2):
+        body = {
+            "server": {
+                "name": unique("ordered"),
+                "flavorRef": "1",
+                "imageRef": _image_id(cloud),
+                "networks": "none",
+            }
+        }
+        response = compute(cloud, token, "POST", "/servers", json=body)
+        assert response.status_code == 202
+        ids.append(response.json()["server"]["id"])
+        rid = response.headers["x-openstack-request-id"]
+        assert uuid.UUID(rid.removeprefix("req-")).version == 7
+        time.sleep(0.002)
+    parsed = [uuid.UUID(i) for i in ids]
+    assert [str(p) for p in parsed] == ids
+    assert [p.version for p in parsed] == [7, 7]
+    assert ids[0] < ids[1]
+    for server_id in ids:
+        assert compute(cloud, token, "DELETE", f"/servers/{server_id}").status_code == 204
 
 
 def _image_id(cloud: RunningCloud) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -45,6 +44,7 @@ from stowage.api.observed import Observed
 from stowage.api.placement import create_placement_app
 from stowage.api.responses import JSONResponse
 from stowage.api.volume import create_volume_app, start_volume_service
+from stowage.domain.ids import new_request_id
 from stowage.services.cloud import Cloud
 from stowage.services.dashboard import heartbeat_ages
 from stowage.telemetry import REGISTRY
@@ -151,7 +151,7 @@ async def _metrics(request: Request) -> Response:
     if refusal is not None:
         status, message = refusal
         headers = www_authenticate(request) if status == 401 else {}
-        rid = f"req-{uuid.uuid4()}"
+        rid = new_request_id()
         headers["x-openstack-request-id"] = rid
         return JSONResponse(identity_error(status, message, None, rid), status, headers=headers)
     parts = [render(REGISTRY)]
@@ -192,7 +192,7 @@ async def _unrouted(request: Request, exc: Exception) -> Response:
     in the shape of the service its first segment names."""
     status = exc.status_code if isinstance(exc, HTTPException) else 404
     message = "The resource could not be found." if status == 404 else str(exc)
-    rid = request.headers.get("x-openstack-request-id") or f"req-{uuid.uuid4()}"
+    rid = request.headers.get("x-openstack-request-id") or new_request_id()
     style = _STYLES.get(request.url.path.strip("/").split("/", 1)[0], identity_error)
     return JSONResponse(
         style(status, message, None, rid),

@@ -7,7 +7,6 @@ import concurrent.futures
 import inspect
 import json
 import threading
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, TypeVarTuple
@@ -28,6 +27,7 @@ from stowage.domain.errors import (
     QuotaExceeded,
     StowageError,
 )
+from stowage.domain.ids import new_request_id
 
 __all__ = [
     "ApiError",
@@ -179,7 +179,7 @@ def install_common(app: FastAPI, style: ErrorStyle, *, extra_headers: bool = Fal
         )
 
     def request_id(request: Request) -> OnResponse:
-        rid = request.headers.get("x-openstack-request-id") or f"req-{uuid.uuid4()}"
+        rid = request.headers.get("x-openstack-request-id") or new_request_id()
         request.state.request_id = rid
 
         def stamp(status: int, headers: MutableHeaders) -> None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from stowage.domain.ids import new_request_id
 
 __all__ = ["DEFAULT_MAX_BODY", "BodyLimit"]
 
@@ -102,7 +103,7 @@ class BodyLimit:
     async def _refuse(self, scope: Scope, send: Send, status: int, message: str) -> None:
         headers = dict(scope.get("headers") or [])
         rid = headers.get(b"x-openstack-request-id", b"").decode("latin-1")
-        rid = rid or f"req-{uuid.uuid4()}"
+        rid = rid or new_request_id()
         body = json.dumps(self.render(scope["path"], status, message, rid)).encode()
         await send(
             {

@@ -4,11 +4,11 @@ latency per route template."""
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from stowage.domain.ids import new_request_id
 from stowage.telemetry import bind, logger
 from stowage.telemetry.metrics import HTTP_REQUESTS, HTTP_SECONDS
 
@@ -33,7 +33,7 @@ class Observed:
         headers = list(scope.get("headers") or [])
         rid = next((v.decode("latin-1") for k, v in headers if k == _HEADER), "")
         if not rid:
-            rid = f"req-{uuid.uuid4()}"
+            rid = new_request_id()
             scope = dict(scope, headers=[*headers, (_HEADER, rid.encode())])
         status = 500
         started = time.perf_counter()

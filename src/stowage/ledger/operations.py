@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Update, and_, bindparam, insert, or_, select, update
 
+from stowage.domain.ids import new_uuid
 from stowage.ledger.db import READONLY
 from stowage.ledger.objects import decode_body
 from stowage.ledger.schema import operations
@@ -176,7 +176,7 @@ class Operations:
         conn: Connection | None = None,
     ) -> str:
         """A new pending operation, due now; inside `conn`'s transaction when given."""
-        op_id = "op-" + uuid.uuid4().hex
+        op_id = "op-" + new_uuid().hex
         now = self.clock()
         values = {
             "id": op_id,

@@ -13,6 +13,7 @@ from sqlalchemy import Connection, select
 from stowage.domain.claims import RefusalCode
 from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
 from stowage.domain.flavor import Flavor, InstanceShape, shape_of
+from stowage.domain.ids import new_id
 from stowage.ledger.db import READONLY
 from stowage.ledger.ledger import ClaimRefused
 from stowage.ledger.objects import Document, NewDocument
@@ -329,7 +330,7 @@ class _BuildCaller:
 
 
 def _new_instance(build: BuildRequest, reservation: str, index: int, count: int) -> dict[str, Any]:
-    instance_id = str(uuid.uuid4())
+    instance_id = new_id()
     return {
         "id": instance_id,
         "name": build.name if count == 1 else f"{build.name}-{index + 1}",

@@ -18,7 +18,6 @@ and the destination is undone: then `failed`.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from sqlalchemy import Connection, select
 
 from stowage.domain.claims import ConsumerKind
 from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
+from stowage.domain.ids import new_id, new_request_id
 from stowage.ledger.db import READONLY
 from stowage.ledger.ledger import ClaimRefused
 from stowage.ledger.operations import Operation
@@ -155,7 +155,7 @@ def _start(
         if dest == source:
             raise InvalidSpec(f"The target host {dest} is the instance's current host.")
     flavor = new_flavor or body["flavor"]
-    migration_id = str(uuid.uuid4())
+    migration_id = new_id()
     status = _FIRST_STATUS[migration_type]
     record = {
         "number": _number(cloud),  # its own commit: a crash after it only leaves a gap
@@ -344,7 +344,7 @@ def evacuate_host(
                 project_id=project_id,
                 dest=None,
                 new_flavor=None,
-                request_id=request_id or f"req-{uuid.uuid4()}",
+                request_id=request_id or new_request_id(),
             )
         except StowageError as exc:
             out[instance_id] = MoveResult("", "refused", None, str(exc))
