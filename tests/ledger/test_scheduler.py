@@ -23,7 +23,7 @@ from stowage.scheduling.framework import Request
 from stowage.scheduling.pipeline import Pipeline
 from stowage.scheduling.view import View
 from stowage.scheduling.weighers import RamWeigher, SoftAntiAffinityWeigher
-from stowage.services.scheduler import Placement, Scheduler
+from stowage.services.scheduler import REFREEZE_EVERY, THAW_EVERY, Placement, Scheduler
 
 # One cell, 4 cores x 2 threads: 4 dedicated pCPUs (one PINNED4 instance), 16 shared vCPUs.
 ONE_CELL = HostTopology.uniform(
@@ -575,6 +575,38 @@ def test_a_freezing_scheduler_freezes_its_view_after_each_full_read(
     assert view.loads == 2
     assert_view_matches_ledger(view, ledger)
     assert not any(_collected(h) for h in view.hosts.values())
+
+
+def test_a_freezing_scheduler_freezes_what_its_claims_change_and_thaws_now_and_then(
+    ledger: Ledger, clock: Clock, thawed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pinned claim replaces its host's free state in the view with new objects, which the
+    full read's freeze never saw: at 100,000 hosts every full collection walked them again.
+    Every REFREEZE_EVERY schedules they are frozen too; every THAW_EVERY freezes, all is
+    thawed and collected once, so garbage cycles among frozen objects cannot pile up."""
+    ids = register(ledger, *(f"h{i}" for i in range(32)))
+    scheduler = Scheduler(ledger, clock=clock, freeze_view=True)
+    view = scheduler.current_view()
+    for _ in range(REFREEZE_EVERY - 1):
+        assert all(p.ok for p in scheduler.schedule([req(PINNED4), req(PINNED4)]))
+    claimed = [h for h in ids.values() if view.hosts[h].used.get(ResourceClass.PCPU)]
+    walked = {id(o) for o in gc.get_objects()}
+    assert len(claimed) >= 8
+    assert all(id(view.hosts[h].free) in walked for h in claimed)
+
+    assert scheduler.current_view() is view  # the REFREEZE_EVERY-th
+    walked = {id(o) for o in gc.get_objects()}
+    assert not any(id(view.hosts[h].free) in walked for h in claimed)
+
+    thaws: list[None] = []
+    unfreeze = gc.unfreeze
+    monkeypatch.setattr(gc, "unfreeze", lambda: (thaws.append(None), unfreeze())[1])
+    for _ in range(REFREEZE_EVERY * (THAW_EVERY - 1) - 1):
+        scheduler.current_view()
+    assert thaws == []
+    scheduler.current_view()
+    assert thaws == [None]
+    assert view.loads == 1  # no full read: the thaw is the count's, not a reload's
 
 
 def test_a_scheduler_leaves_the_collector_alone_by_default(

@@ -16,6 +16,11 @@ from stowage.scheduling.pipeline import Decision, Pipeline
 from stowage.scheduling.view import View
 from stowage.telemetry.metrics import CLAIM_BATCH, SCHEDULER_CONFLICTS, SCHEDULER_DECISIONS
 
+REFREEZE_EVERY = 16
+"""Schedules between two freezes of what the schedules in between left alive."""
+THAW_EVERY = 64
+"""Freezes between two full collections of everything (`gc.unfreeze` first)."""
+
 __all__ = ["Placement", "Scheduler"]
 
 
@@ -66,8 +71,19 @@ class Scheduler:
         # the slowest batches). Objects stay freed by their reference counts; only cycles
         # among frozen objects would never be collected, so before freezing again after a
         # full reload everything is thawed and collected first.
+        #
+        # What the claims change in the view after that (each claim replaces its host's free
+        # state: a HostFree, its frozenset and tuples) is new and unfrozen. At 100,000 hosts
+        # that was 105,000 objects halfway through placing 200,000 instances, walked again by
+        # every full collection: 41 of them took 5.2 s of the 30 s, and the p99 batch was
+        # 200 ms against 70-80 ms with this. So every REFREEZE_EVERY schedules, what is alive
+        # then is frozen too, after a collection that walks only what came since the last
+        # freeze. Garbage cycles among frozen objects would stay: every THAW_EVERY freezes,
+        # everything is thawed and collected once, as at a full read.
         self.freeze_view = freeze_view
         self._frozen_loads = 0
+        self._schedules_since_freeze = 0
+        self._freezes_since_thaw = 0
         # An identity, not a decision: unique per worker even when seeds repeat.
         self.writer = str(uuid.uuid4())
 
@@ -80,8 +96,13 @@ class Scheduler:
             if self.clock() - self._liveness_at >= self.liveness_interval_s:
                 self.ledger.refresh_liveness(self.view)
                 self._liveness_at = self.clock()
-        if self.freeze_view and self.view.loads != self._frozen_loads:
-            self._freeze(self.view.loads)
+        if self.freeze_view:
+            if self.view.loads != self._frozen_loads:
+                self._freeze(self.view.loads)
+            else:
+                self._schedules_since_freeze += 1
+                if self._schedules_since_freeze >= REFREEZE_EVERY:
+                    self._refreeze()
         return self.view
 
     def warm(self) -> None:
@@ -99,6 +120,18 @@ class Scheduler:
         gc.collect()
         gc.freeze()
         self._frozen_loads = loads
+        self._schedules_since_freeze = 0
+        self._freezes_since_thaw = 0
+
+    def _refreeze(self) -> None:
+        """Freeze what the schedules since the last freeze left alive (see __init__)."""
+        self._freezes_since_thaw += 1
+        if self._freezes_since_thaw >= THAW_EVERY:
+            self._freeze(self._frozen_loads)
+            return
+        gc.collect()
+        gc.freeze()
+        self._schedules_since_freeze = 0
 
     def _elsewhere(self, host_id: int) -> bool:
         """True for hosts of another worker's shard, whose changes this worker may read late."""
