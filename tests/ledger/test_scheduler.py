@@ -23,7 +23,8 @@ from stowage.scheduling.framework import Request
 from stowage.scheduling.pipeline import Pipeline
 from stowage.scheduling.view import View
 from stowage.scheduling.weighers import RamWeigher, SoftAntiAffinityWeigher
-from stowage.services.scheduler import REFREEZE_EVERY, THAW_EVERY, Placement, Scheduler
+from stowage.services import scheduler as scheduler_module
+from stowage.services.scheduler import THAW_EVERY, Placement, Scheduler
 
 # One cell, 4 cores x 2 threads: 4 dedicated pCPUs (one PINNED4 instance), 16 shared vCPUs.
 ONE_CELL = HostTopology.uniform(
@@ -582,26 +583,30 @@ def test_a_freezing_scheduler_freezes_what_its_claims_change_and_thaws_now_and_t
 ) -> None:
     """A pinned claim replaces its host's free state in the view with new objects, which the
     full read's freeze never saw: at 100,000 hosts every full collection walked them again.
-    Every REFREEZE_EVERY schedules they are frozen too; every THAW_EVERY freezes, all is
+    After every REFREEZE_CLAIMS claims they are frozen too; every THAW_EVERY freezes, all is
     thawed and collected once, so garbage cycles among frozen objects cannot pile up."""
+    monkeypatch.setattr(scheduler_module, "REFREEZE_CLAIMS", 30)
     ids = register(ledger, *(f"h{i}" for i in range(32)))
     scheduler = Scheduler(ledger, clock=clock, freeze_view=True)
     view = scheduler.current_view()
-    for _ in range(REFREEZE_EVERY - 1):
+    for _ in range(14):
         assert all(p.ok for p in scheduler.schedule([req(PINNED4), req(PINNED4)]))
+    assert scheduler.current_view() is view  # 28 claims: not yet
     claimed = [h for h in ids.values() if view.hosts[h].used.get(ResourceClass.PCPU)]
     walked = {id(o) for o in gc.get_objects()}
     assert len(claimed) >= 8
     assert all(id(view.hosts[h].free) in walked for h in claimed)
 
-    assert scheduler.current_view() is view  # the REFREEZE_EVERY-th
+    assert all(p.ok for p in scheduler.schedule([req(PINNED4), req(PINNED4)]))  # 30
+    scheduler.current_view()
     walked = {id(o) for o in gc.get_objects()}
     assert not any(id(view.hosts[h].free) in walked for h in claimed)
 
     thaws: list[None] = []
     unfreeze = gc.unfreeze
     monkeypatch.setattr(gc, "unfreeze", lambda: (thaws.append(None), unfreeze())[1])
-    for _ in range(REFREEZE_EVERY * (THAW_EVERY - 1) - 1):
+    monkeypatch.setattr(scheduler_module, "REFREEZE_CLAIMS", 0)  # a freeze at every read
+    for _ in range(THAW_EVERY - 2):
         scheduler.current_view()
     assert thaws == []
     scheduler.current_view()

@@ -16,8 +16,8 @@ from stowage.scheduling.pipeline import Decision, Pipeline
 from stowage.scheduling.view import View
 from stowage.telemetry.metrics import CLAIM_BATCH, SCHEDULER_CONFLICTS, SCHEDULER_DECISIONS
 
-REFREEZE_EVERY = 16
-"""Schedules between two freezes of what the schedules in between left alive."""
+REFREEZE_CLAIMS = 4096
+"""Claims between two freezes of what they left alive in the view (16 full batches)."""
 THAW_EVERY = 64
 """Freezes between two full collections of everything (`gc.unfreeze` first)."""
 
@@ -76,13 +76,15 @@ class Scheduler:
         # state: a HostFree, its frozenset and tuples) is new and unfrozen. At 100,000 hosts
         # that was 105,000 objects halfway through placing 200,000 instances, walked again by
         # every full collection: 41 of them took 5.2 s of the 30 s, and the p99 batch was
-        # 200 ms against 70-80 ms with this. So every REFREEZE_EVERY schedules, what is alive
-        # then is frozen too, after a collection that walks only what came since the last
-        # freeze. Garbage cycles among frozen objects would stay: every THAW_EVERY freezes,
-        # everything is thawed and collected once, as at a full read.
+        # 200 ms against 70-80 ms with this. So after every REFREEZE_CLAIMS claims, what is
+        # alive then is frozen too, after a collection that walks only what came since the
+        # last freeze. Counted in claims, not schedules: a conductor under a few creates at a
+        # time schedules often and changes little. Garbage cycles among frozen objects would
+        # stay: every THAW_EVERY freezes, everything is thawed and collected once, as at a
+        # full read.
         self.freeze_view = freeze_view
         self._frozen_loads = 0
-        self._schedules_since_freeze = 0
+        self._claims_since_freeze = 0
         self._freezes_since_thaw = 0
         # An identity, not a decision: unique per worker even when seeds repeat.
         self.writer = str(uuid.uuid4())
@@ -99,10 +101,8 @@ class Scheduler:
         if self.freeze_view:
             if self.view.loads != self._frozen_loads:
                 self._freeze(self.view.loads)
-            else:
-                self._schedules_since_freeze += 1
-                if self._schedules_since_freeze >= REFREEZE_EVERY:
-                    self._refreeze()
+            elif self._claims_since_freeze >= REFREEZE_CLAIMS:
+                self._refreeze()
         return self.view
 
     def warm(self) -> None:
@@ -120,7 +120,7 @@ class Scheduler:
         gc.collect()
         gc.freeze()
         self._frozen_loads = loads
-        self._schedules_since_freeze = 0
+        self._claims_since_freeze = 0
         self._freezes_since_thaw = 0
 
     def _refreeze(self) -> None:
@@ -131,7 +131,7 @@ class Scheduler:
             return
         gc.collect()
         gc.freeze()
-        self._schedules_since_freeze = 0
+        self._claims_since_freeze = 0
 
     def _elsewhere(self, host_id: int) -> bool:
         """True for hosts of another worker's shard, whose changes this worker may read late."""
@@ -234,6 +234,7 @@ class Scheduler:
     def _commit(
         self, claims: list[Claim], also: CommitClaim | None, *, atomic: bool
     ) -> list[ClaimOutcome]:
+        self._claims_since_freeze += len(claims)
         if atomic:  # one transaction for the whole set, whatever its size
             if claims:
                 CLAIM_BATCH.observe(len(claims))
