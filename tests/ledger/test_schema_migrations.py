@@ -182,6 +182,32 @@ def _claim_by_uuid(
             )
 
 
+def _host_before_0012(ledger: Ledger, spec: HostSpec) -> int:
+    """A host registered as before 0012, with its generation in its own row: today's
+    registration writes `host_generations`, which the earlier revisions lack."""
+    from sqlalchemy import text
+
+    from stowage.ledger.ledger.topology import topology_to_json
+
+    with ledger.engine.begin() as conn:
+        host_id = conn.execute(
+            text(
+                "INSERT INTO hosts (uuid, name, availability_zone, labels, hypervisor_type, "
+                "architecture, topology, disabled, forced_down, last_seen, generation) "
+                "VALUES (:uuid, :name, 'nova', '{}', 'sim', 'x86_64', :topology, false, false, "
+                "0, 0) RETURNING id"
+            ),
+            {
+                "uuid": f"uuid-of-{spec.name}",
+                "name": spec.name,
+                "topology": topology_to_json(spec.topology),
+            },
+        ).scalar_one()
+        ledger._insert_host_parts(conn, [host_id], [spec])
+        conn.execute(text("INSERT INTO changes (host_id, at) VALUES (:h, 0)"), {"h": host_id})
+    return int(host_id)
+
+
 def _claim_rows(engine: Engine) -> dict[str, set[tuple[Any, ...]]]:
     """Every claim row, with its consumer named by UUID whatever the revision keys it by."""
     from sqlalchemy import text
@@ -219,7 +245,7 @@ def test_a_ledger_with_claims_upgrades_from_the_first_schema_intact(engine: Engi
     migrate(engine, "0001")
     ledger = Ledger(engine)
     topology = HostTopology.uniform(cells=2, cores_per_cell=4, threads_per_core=2)
-    host_id = ledger.register_host(HostSpec("old-host", topology))
+    host_id = _host_before_0012(ledger, HostSpec("old-host", topology))
     _claim_by_uuid(engine, "vm-old", "vm-old", host_id)
 
     migrate(engine)
@@ -245,8 +271,8 @@ def test_claims_keyed_by_uuid_are_keyed_by_integer_from_0009_and_back(engine: En
     migrate(engine, "0008")
     ledger = Ledger(engine)
     topology = HostTopology.uniform(cells=2, cores_per_cell=4, threads_per_core=2)
-    h1 = ledger.register_host(HostSpec("h1", topology))
-    h2 = ledger.register_host(HostSpec("h2", topology))
+    h1 = _host_before_0012(ledger, HostSpec("h1", topology))
+    h2 = _host_before_0012(ledger, HostSpec("h2", topology))
     ledger.create_group(parse_group("g-1", "web", "anti-affinity", {}, project_id="p"))
     _claim_by_uuid(engine, "vm-a", "vm-a", h1)
     _claim_by_uuid(engine, "mig-a", "vm-a", h2, kind="migration")
@@ -321,8 +347,9 @@ def test_a_ledger_in_use_upgrades_from_0005_to_block_storage(engine: Engine) -> 
 
     migrate(engine, "0005")
     ledger = Ledger(engine)
-    ledger.register_host(
-        HostSpec("old-host", HostTopology.uniform(cells=1, cores_per_cell=2, threads_per_core=1))
+    _host_before_0012(
+        ledger,
+        HostSpec("old-host", HostTopology.uniform(cells=1, cores_per_cell=2, threads_per_core=1)),
     )
     migrate(engine)
     assert current(engine) == head(engine)
@@ -487,3 +514,32 @@ def test_0011_refuses_an_instance_consumer_keyed_by_another_id(engine: Engine) -
     with pytest.raises(RuntimeError, match="c-1 is an instance whose id is not its instance_id"):
         migrate(engine)
     assert current(engine) == "0010"
+
+
+def test_from_0012_hosts_generations_have_a_table_of_their_own(engine: Engine) -> None:
+    """0012 moves each host's generation out of `hosts` (whose rows hold the topology, so a
+    claim's bump rewrote a wide row) into `host_generations`, values kept both ways."""
+    from sqlalchemy import text
+
+    migrate(engine, "0011")
+    with engine.begin() as conn:
+        for n, generation in ((1, 5), (2, 7)):
+            conn.execute(
+                text(
+                    "INSERT INTO hosts (id, uuid, name, availability_zone, labels, "
+                    "hypervisor_type, architecture, topology, disabled, forced_down, "
+                    "generation) VALUES (:id, :uuid, :name, 'nova', '{}', 'sim', 'x86_64', "
+                    "'{}', false, false, :generation)"
+                ),
+                {"id": n, "uuid": f"u-{n}", "name": f"h{n}", "generation": generation},
+            )
+    migrate(engine)
+    assert "generation" not in {c["name"] for c in inspect(engine).get_columns("hosts")}
+    with engine.connect() as conn:
+        moved = conn.execute(text("SELECT host_id, generation FROM host_generations")).all()
+    assert sorted(tuple(r) for r in moved) == [(1, 5), (2, 7)]
+    command.downgrade(alembic_config(url_of(engine)), "0011")
+    assert "host_generations" not in tables(engine)
+    with engine.connect() as conn:
+        back = conn.execute(text("SELECT id, generation FROM hosts ORDER BY id")).all()
+    assert [tuple(r) for r in back] == [(1, 5), (2, 7)]

@@ -22,7 +22,15 @@ from stowage.domain.errors import ConflictError, InvalidSpec, NotFound
 from stowage.domain.topology import ResourceClass
 from stowage.ledger.db import READONLY
 from stowage.ledger.objects import ObjectStore
-from stowage.ledger.schema import allocations, changes, consumers, hosts, inventories, objects
+from stowage.ledger.schema import (
+    allocations,
+    changes,
+    consumers,
+    host_generations,
+    hosts,
+    inventories,
+    objects,
+)
 
 __all__ = [
     "CUSTOM_NAME",
@@ -485,16 +493,20 @@ class PlacementStore:
         uuids: Collection[str] | None = None,
         name: str | None = None,
     ) -> list[Provider]:
-        query = select(
-            hosts.c.id,
-            hosts.c.uuid,
-            hosts.c.name,
-            hosts.c.generation,
-            hosts.c.disabled,
-            hosts.c.architecture,
-            hosts.c.topology,
-            hosts.c.last_seen,
-        ).order_by(hosts.c.id)
+        query = (
+            select(
+                hosts.c.id,
+                hosts.c.uuid,
+                hosts.c.name,
+                host_generations.c.generation,
+                hosts.c.disabled,
+                hosts.c.architecture,
+                hosts.c.topology,
+                hosts.c.last_seen,
+            )
+            .join(host_generations, host_generations.c.host_id == hosts.c.id)
+            .order_by(hosts.c.id)
+        )
         if uuids is not None:
             query = query.where(hosts.c.uuid.in_(list(uuids)))
         if name is not None:
@@ -760,11 +772,16 @@ class PlacementStore:
 
     def _bump(self, conn: Connection, uuid: str, generation: int | None) -> int:
         """Compare-and-swap the provider generation; returns the host id."""
-        query = update(hosts).where(hosts.c.uuid == uuid)
+        of_host = host_generations.c.host_id == (
+            select(hosts.c.id).where(hosts.c.uuid == uuid).scalar_subquery()
+        )
+        query = update(host_generations).where(of_host)
         if generation is not None:
-            query = query.where(hosts.c.generation == generation)
+            query = query.where(host_generations.c.generation == generation)
         host_id = conn.execute(
-            query.values(generation=hosts.c.generation + 1).returning(hosts.c.id)
+            query.values(generation=host_generations.c.generation + 1).returning(
+                host_generations.c.host_id
+            )
         ).scalar()
         if host_id is not None:
             return int(host_id)
@@ -796,7 +813,7 @@ class PlacementStore:
             select(
                 consumers.c.id.label("consumer_id"),
                 hosts.c.uuid,
-                hosts.c.generation,
+                host_generations.c.generation,
                 allocations.c.resource_class,
                 allocations.c.amount,
                 consumers.c.project_id,
@@ -805,9 +822,9 @@ class PlacementStore:
                 consumers.c.kind,
             )
             .select_from(
-                allocations.join(hosts, hosts.c.id == allocations.c.host_id).join(
-                    consumers, consumers.c.seq == allocations.c.consumer_seq
-                )
+                allocations.join(hosts, hosts.c.id == allocations.c.host_id)
+                .join(host_generations, host_generations.c.host_id == hosts.c.id)
+                .join(consumers, consumers.c.seq == allocations.c.consumer_seq)
             )
             .where(where)
             .order_by(consumers.c.id, hosts.c.id, allocations.c.resource_class)

@@ -21,7 +21,7 @@ from sqlalchemy import and_, exists, literal_column, select
 from stowage.domain.claims import ConsumerKind
 from stowage.ledger.db import READONLY
 from stowage.ledger.operations import ACTIVE_STATES
-from stowage.ledger.schema import consumers, hosts, operations, pins
+from stowage.ledger.schema import consumers, host_generations, operations, pins
 
 if TYPE_CHECKING:
     from stowage.ledger.ledger import Ledger
@@ -359,11 +359,11 @@ def reap_unknown(cloud: Cloud, host: str, instance_id: str) -> str | None:
     another host (Nova's `running_deleted_instance_action = reap`): a clean-up operation
     the conductor drives, so it runs before anything new starts on the host.
 
-    Checked again in the transaction that enqueues it, with the host's row locked against
-    claims: if the ledger now places the instance (or a migration of it) here, or any
-    operation of the instance is in flight here, nothing is reaped. An instance whose
-    document says it lives here without a claim here is left to an operator. Returns the
-    clean-up operation's id, or None.
+    Checked again in the transaction that enqueues it, with the host's generation row (the
+    lock every claim takes first) locked against claims: if the ledger now places the
+    instance (or a migration of it) here, or any operation of the instance is in flight
+    here, nothing is reaped. An instance whose document says it lives here without a claim
+    here is left to an operator. Returns the clean-up operation's id, or None.
     """
     doc = cloud.objects.find("instance", instance_id)
     if doc is not None and doc.body.get("host") in (host, None):
@@ -373,7 +373,11 @@ def reap_unknown(cloud: Cloud, host: str, instance_id: str) -> str | None:
         return None
     host_id = cloud.ledger.host_id(host)
     with cloud.ledger.engine.begin() as conn:
-        conn.execute(select(hosts.c.id).where(hosts.c.id == host_id).with_for_update()).first()
+        conn.execute(
+            select(host_generations.c.host_id)
+            .where(host_generations.c.host_id == host_id)
+            .with_for_update()
+        ).first()
         placed = conn.execute(
             select(consumers.c.id)
             .where(consumers.c.instance_id == instance_id, consumers.c.host_id == host_id)

@@ -26,6 +26,7 @@ from stowage.ledger.schema import (
     consumers,
     group_members,
     group_slots,
+    host_generations,
     hosts,
     inventories,
     numa_claims,
@@ -131,7 +132,9 @@ class Claims(Groups):
         if self._pg:
             bumped = conn.exec_driver_sql(_PG_LOCK_HOSTS, (ordered,)).rowcount
         else:
-            bumped = self._bulk.add(conn, hosts, ["id"], "generation", [(h, 1) for h in ordered])
+            bumped = self._bulk.add(
+                conn, host_generations, ["host_id"], "generation", [(h, 1) for h in ordered]
+            )
         if bumped != len(ordered):
             raise _Refusal(RefusalCode.UNKNOWN_RESOURCE, "claim names a host the ledger lacks")
         now = self.clock()
@@ -418,8 +421,9 @@ class Claims(Groups):
 
 # Locks the hosts in id order before bumping them, so concurrent writers never deadlock.
 _PG_LOCK_HOSTS = (
-    "UPDATE hosts SET generation = generation + 1 WHERE id IN "
-    "(SELECT id FROM hosts WHERE id = ANY(%s::int8[]) ORDER BY id FOR UPDATE)"
+    "UPDATE host_generations SET generation = generation + 1 WHERE host_id IN "
+    "(SELECT host_id FROM host_generations WHERE host_id = ANY(%s::int8[]) "
+    "ORDER BY host_id FOR UPDATE)"
 )
 
 

@@ -21,6 +21,7 @@ from stowage.ledger.ledger.topology import topology_to_json
 from stowage.ledger.schema import (
     cells,
     changes,
+    host_generations,
     hosts,
     inventories,
     pcpus,
@@ -90,7 +91,6 @@ class Hosts(LedgerCore):
                     "disabled": False,
                     "forced_down": False,
                     "last_seen": self.clock(),
-                    "generation": 0,
                 }
             )
         ids = [
@@ -99,6 +99,14 @@ class Hosts(LedgerCore):
                 insert(hosts).returning(hosts.c.id, sort_by_parameter_order=True), rows
             ).scalars()
         ]
+        self._bulk.insert(conn, host_generations, ("host_id", "generation"), [(i, 0) for i in ids])
+        self._insert_host_parts(conn, ids, specs)
+        return ids
+
+    def _insert_host_parts(
+        self, conn: Connection, ids: Sequence[int], specs: Sequence[HostSpec]
+    ) -> None:
+        """The cells, pCPUs and inventories of hosts whose rows are written."""
         cell_rows: list[tuple[int, int, int, int]] = []
         pcpu_rows: list[tuple[int, int, int, bool]] = []
         inventory_rows: list[tuple[Any, ...]] = []
@@ -136,7 +144,6 @@ class Hosts(LedgerCore):
             ),
             inventory_rows,
         )
-        return ids
 
     def set_host_state(
         self,

@@ -25,6 +25,7 @@ from stowage.ledger.schema import (
     consumers_of_instance,
     group_members,
     group_slots,
+    host_generations,
     hosts,
     inventories,
     pins,
@@ -247,7 +248,7 @@ class Views(Groups):
             ).where(where(group_slots.c.host_id))
         ):
             contributions[row.host_id].slots.append((row.group_id, row.domain, row.slot))
-        for row in conn.execute(select(hosts).where(where(hosts.c.id))):
+        for row in conn.execute(_HOSTS.where(where(hosts.c.id))):
             topo = self._topology(row.topology)
             capacity: dict[ResourceClass, int] = {}
             used: dict[ResourceClass, int] = {}
@@ -295,6 +296,10 @@ class Views(Groups):
 _KNOWN_CLASSES = frozenset(rc.value for rc in ResourceClass)
 
 _LIVENESS = "SELECT id, last_seen, forced_down, disabled FROM hosts"
+
+_HOSTS = select(hosts, host_generations.c.generation).join(
+    host_generations, host_generations.c.host_id == hosts.c.id
+)
 
 # The oldest and newest change rows (each subquery one step down the primary key).
 _BOUNDS = "SELECT (SELECT min(seq) FROM changes), (SELECT max(seq) FROM changes)"
