@@ -11,9 +11,11 @@ page written per claim in each index that holds it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
+from collections.abc import Callable, Iterator
 
 _MS = (1 << 48) - 1
 _RAND_A = (1 << 12) - 1
@@ -28,9 +30,28 @@ def time_ordered(ms: int, rand: int) -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
+def _system() -> tuple[int, int]:
+    return time.time_ns() // 1_000_000, int.from_bytes(os.urandom(10))
+
+
+_sources: list[Callable[[], tuple[int, int]]] = [_system]
+"""Where new ids draw from: the last one (`drawn_from` pushes and pops)."""
+
+
 def new_uuid() -> uuid.UUID:
     """A new identifier: time-ordered, 74 bits of it from the system's random source."""
-    return time_ordered(time.time_ns() // 1_000_000, int.from_bytes(os.urandom(10)))
+    return time_ordered(*_sources[-1]())
+
+
+@contextlib.contextmanager
+def drawn_from(source: Callable[[], tuple[int, int]]) -> Iterator[None]:
+    """New ids from `source` (milliseconds, random bits) for the duration, instead of the
+    clock and the system's random source: a simulated run's, to replay the same."""
+    _sources.append(source)
+    try:
+        yield
+    finally:
+        _sources.remove(source)
 
 
 def new_id() -> str:

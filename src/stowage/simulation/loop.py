@@ -8,19 +8,22 @@ own thread, so a run has no thread but the caller's. A blocking call that "sleep
 sleep is added up, and the executor's future resolves that much virtual time later, as a
 pool thread's would.
 
-`deterministic(rng)` makes `uuid.uuid4()` draw from the run's generator, so ids, and with
-them every order by id, are the same on every replay.
+`deterministic(rng)` makes `uuid.uuid4()` and Stowage's own ids draw from the run's generator,
+so ids, and with them every order by id, are the same on every replay.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import selectors
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from stowage.domain.ids import drawn_from
 
 __all__ = ["Deadlock", "VirtualClock", "VirtualLoop", "deterministic"]
 
@@ -117,14 +120,20 @@ def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None)
 
 @contextlib.contextmanager
 def deterministic(rng: random.Random) -> Iterator[None]:
-    """`uuid.uuid4()` from `rng` for the duration (every caller uses `uuid.uuid4()`)."""
+    """`uuid.uuid4()` from `rng` for the duration, and Stowage's own ids
+    (`stowage.domain.ids`) from `rng` and a count of milliseconds from EPOCH."""
     original = uuid.uuid4
+    made = itertools.count(int(EPOCH * 1000))
 
     def uuid4() -> uuid.UUID:
         return uuid.UUID(int=rng.getrandbits(128), version=4)
 
+    def source() -> tuple[int, int]:
+        return next(made), rng.getrandbits(80)
+
     uuid.uuid4 = uuid4
     try:
-        yield
+        with drawn_from(source):
+            yield
     finally:
         uuid.uuid4 = original
