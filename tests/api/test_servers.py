@@ -226,6 +226,15 @@ def test_server_ids_are_uuids_that_sort_by_creation(cloud: RunningCloud) -> None
     assert [str(p) for p in parsed] == ids
     assert [p.version for p in parsed] == [7, 7]
     assert ids[0] < ids[1]
+    # Made within a minute, the two ids share their first 8 digits (the time): the name on the
+    # hypervisor is the libvirt driver's domain name, the whole id.
+    names = [
+        compute(cloud, token, "GET", f"/servers/{i}").json()["server"][
+            "OS-EXT-SRV-ATTR:instance_name"
+        ]
+        for i in ids
+    ]
+    assert names == [f"instance-{i}" for i in ids]
     for server_id in ids:
         assert compute(cloud, token, "DELETE", f"/servers/{server_id}").status_code == 204
 

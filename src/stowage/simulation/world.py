@@ -894,7 +894,7 @@ class _World:
             choices += ["pause", "pause", "unpause"]
         kind = rng.choice(choices)
         request_id = f"req-{self.numbers + 1}"
-        what = f"{kind} {iid[:8]} ({status})"
+        what = f"{kind} {iid[-8:]} ({status})"
         if kind == "delete":
             return self._request(what, lambda cloud: adapter.delete(cloud, iid))
         if kind in ("stop", "start", "reboot", "pause", "unpause"):
@@ -905,7 +905,7 @@ class _World:
         if kind == "snapshot":
             return self._request(
                 what,
-                lambda cloud: adapter.snapshot(cloud, iid, f.demo, f"snap-{iid[:8]}", request_id),
+                lambda cloud: adapter.snapshot(cloud, iid, f.demo, f"snap-{iid[-8:]}", request_id),
             )
         if kind in ("live-migration", "migration", "resize"):
             new_flavor = None

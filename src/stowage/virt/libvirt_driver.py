@@ -1107,7 +1107,7 @@ class LibvirtDriver:
             watcher = threading.Thread(
                 target=self._watch_job,
                 args=(instance_id, progress, done),
-                name=f"migrate-{instance_id[:8]}",
+                name=f"migrate-{instance_id}",
                 daemon=True,
             )
             watcher.start()

@@ -168,7 +168,8 @@ def server_view(
     if ctx.is_admin:
         view["OS-EXT-SRV-ATTR:host"] = host
         view["OS-EXT-SRV-ATTR:hypervisor_hostname"] = host
-        view["OS-EXT-SRV-ATTR:instance_name"] = "instance-" + doc.id[:8]
+        # The guest's name on its hypervisor, as the libvirt driver names the domain.
+        view["OS-EXT-SRV-ATTR:instance_name"] = "instance-" + doc.id
         if version >= (2, 3):
             view.update(
                 {
