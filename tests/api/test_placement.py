@@ -17,7 +17,7 @@ from stowage.domain.topology import ResourceClass
 from stowage.ledger import Ledger
 from stowage.ledger.db import sqlite_url
 from stowage.ledger.objects import ObjectStore
-from stowage.ledger.schema import changes, host_generations, hosts
+from stowage.ledger.schema import changes, host_generations, hosts, hosts_and_generations
 
 PLACEMENT = "placement 1.29"
 
@@ -41,9 +41,9 @@ def _hosts(ledger: Ledger) -> dict[str, tuple[int, str, int]]:
     """name -> (id, uuid, generation), straight from the ledger."""
     with ledger.engine.connect() as conn:
         rows = conn.execute(
-            select(hosts.c.name, hosts.c.id, hosts.c.uuid, host_generations.c.generation).join(
-                host_generations, host_generations.c.host_id == hosts.c.id
-            )
+            select(
+                hosts.c.name, hosts.c.id, hosts.c.uuid, host_generations.c.generation
+            ).select_from(hosts_and_generations)
         )
         return {name: (host_id, rp, gen) for name, host_id, rp, gen in rows}
 

@@ -35,7 +35,9 @@ __all__ = [
     "consumers_of_instance",
     "group_members",
     "group_slots",
+    "host_generations",
     "hosts",
+    "hosts_and_generations",
     "inventories",
     "metadata",
     "numa_claims",
@@ -90,6 +92,9 @@ host_generations = Table(
     Column("host_id", Integer, ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True),
     Column("generation", Integer, nullable=False, default=0),
 )
+
+# Each host's row with its generation, for the readers that want both.
+hosts_and_generations = hosts.join(host_generations, host_generations.c.host_id == hosts.c.id)
 
 cells = Table(
     "cells",

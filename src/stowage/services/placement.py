@@ -28,6 +28,7 @@ from stowage.ledger.schema import (
     consumers,
     host_generations,
     hosts,
+    hosts_and_generations,
     inventories,
     objects,
 )
@@ -504,7 +505,7 @@ class PlacementStore:
                 hosts.c.topology,
                 hosts.c.last_seen,
             )
-            .join(host_generations, host_generations.c.host_id == hosts.c.id)
+            .select_from(hosts_and_generations)
             .order_by(hosts.c.id)
         )
         if uuids is not None:
@@ -822,9 +823,9 @@ class PlacementStore:
                 consumers.c.kind,
             )
             .select_from(
-                allocations.join(hosts, hosts.c.id == allocations.c.host_id)
-                .join(host_generations, host_generations.c.host_id == hosts.c.id)
-                .join(consumers, consumers.c.seq == allocations.c.consumer_seq)
+                allocations.join(hosts_and_generations, hosts.c.id == allocations.c.host_id).join(
+                    consumers, consumers.c.seq == allocations.c.consumer_seq
+                )
             )
             .where(where)
             .order_by(consumers.c.id, hosts.c.id, allocations.c.resource_class)

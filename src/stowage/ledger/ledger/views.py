@@ -27,6 +27,7 @@ from stowage.ledger.schema import (
     group_slots,
     host_generations,
     hosts,
+    hosts_and_generations,
     inventories,
     pins,
     server_groups,
@@ -297,9 +298,7 @@ _KNOWN_CLASSES = frozenset(rc.value for rc in ResourceClass)
 
 _LIVENESS = "SELECT id, last_seen, forced_down, disabled FROM hosts"
 
-_HOSTS = select(hosts, host_generations.c.generation).join(
-    host_generations, host_generations.c.host_id == hosts.c.id
-)
+_HOSTS = select(hosts, host_generations.c.generation).select_from(hosts_and_generations)
 
 # The oldest and newest change rows (each subquery one step down the primary key).
 _BOUNDS = "SELECT (SELECT min(seq) FROM changes), (SELECT max(seq) FROM changes)"
