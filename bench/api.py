@@ -20,6 +20,10 @@ of `--clients` threads each sending plain HTTP:
 - times `GET /servers/detail` of everything created;
 - fires `--migrations` live migrations and prints migrations/s until all completed.
 
+With `--compute-process on` it starts `stowage up --compute-process` (the conductor and the
+agents in a second process); `--compute-process both` runs this checkout both ways in one run
+and prints them side by side.
+
 Beside each rate it prints the CPU the `stowage up` process used (in cores, and per request
 or boot: the figure a loaded machine moves least) and the load generator's own CPU, so a rate
 is not read as the API's when the generator was the limit. With `--before-src OTHER/src` it
@@ -152,9 +156,12 @@ def wait_answering(base: str, procs: list[subprocess.Popen[bytes]], what: str) -
     raise SystemExit(f"{what} did not answer")
 
 
-def start(state: Path, hosts: int, src: Path | None = None) -> Cloud:
+def start(
+    state: Path, hosts: int, src: Path | None = None, *, compute_process: bool = False
+) -> Cloud:
     """`stowage up` of this checkout, or of the source tree `src` (another commit's `src/`,
-    run by this interpreter: the "before" of a before/after run)."""
+    run by this interpreter: the "before" of a before/after run); with `compute_process`,
+    `stowage up --compute-process` (its CPU is the process tree's, the child's included)."""
     port = free_port()
     topo = topology_file(state.parent / "topology.yaml", hosts)
     proc = subprocess.Popen(
@@ -169,6 +176,7 @@ def start(state: Path, hosts: int, src: Path | None = None) -> Cloud:
             str(topo),
             "--max-instances-per-request",
             "100000",
+            *(["--compute-process"] if compute_process else []),
         ],
         stdout=(state.parent / "cloud.log").open("wb"),
         stderr=subprocess.STDOUT,
@@ -664,7 +672,14 @@ def top_functions(path: Path, n: int = 10) -> str:
     )
 
 
-def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> dict[str, float]:
+def run(
+    args: argparse.Namespace,
+    load: Load,
+    label: str,
+    src: Path | None,
+    *,
+    compute_process: bool = False,
+) -> dict[str, float]:
     """One cloud, every phase; prints each figure as it is measured and returns them."""
     work = Path(tempfile.mkdtemp(prefix="stowage-bench-api-"))
     state = work / "state"
@@ -672,7 +687,7 @@ def run(args: argparse.Namespace, load: Load, label: str, src: Path | None) -> d
     if args.production:
         cloud, schema = start_production(state, args, src)
     else:
-        cloud = start(state, args.hosts, src)
+        cloud = start(state, args.hosts, src, compute_process=compute_process)
     base = cloud.base
     profiles = Profiles(args.profile, cloud)
     threads = Threads(args.threads, cloud)
@@ -909,18 +924,44 @@ def main() -> None:
         type=Path,
         help="record a py-spy profile of each process kind during the creates into this folder",
     )
+    parser.add_argument(
+        "--compute-process",
+        choices=("off", "on", "both"),
+        default="off",
+        help="stowage up --compute-process (on); or both: this checkout in one process, then "
+        "with --compute-process, side by side",
+    )
     args = parser.parse_args()
+    if args.threads and args.compute_process != "off":
+        parser.error("--threads reads one process's threads: not with --compute-process")
+    if args.compute_process == "both" and args.before_src is not None:
+        parser.error("--compute-process both compares two runs of this checkout: no --before-src")
     if args.threads and args.production:
         parser.error("--threads reads stowage up's threads; with --production use --profile")
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
     load = Load(args.procs)
     try:
         runs: list[tuple[str, dict[str, float]]] = []
-        if args.before_src is not None:
-            runs.append(("before", run(args, load, "before", args.before_src.resolve())))
-        runs.append(
-            ("after" if runs else "this", run(args, load, "after" if runs else "this", None))
-        )
+        if args.compute_process == "both":
+            for label, split in (("one process", False), ("compute process", True)):
+                runs.append((label, run(args, load, label, None, compute_process=split)))
+        else:
+            split = args.compute_process == "on"
+            if args.before_src is not None:
+                runs.append(
+                    (
+                        "before",
+                        run(
+                            args,
+                            load,
+                            "before",
+                            args.before_src.resolve(),
+                            compute_process=split,
+                        ),
+                    )
+                )
+            label = "after" if runs else "this"
+            runs.append((label, run(args, load, label, None, compute_process=split)))
     finally:
         load.close()
     print(f"load average {os.getloadavg()[0]:.1f} at the end")

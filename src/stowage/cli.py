@@ -368,8 +368,17 @@ def up(
     ] = 0.0,
     console_token_ttl: ConsoleTokenTtl = 600.0,
     shelved_offload_time: ShelvedOffloadTime = 0.0,
+    compute_process: Annotated[
+        bool,
+        typer.Option(
+            "--compute-process/--no-compute-process",
+            help="Run the conductor and the agents in a second process beside the APIs' "
+            "(both on the same ledger), so that each has a core: more boots a second on a "
+            "machine of several cores.",
+        ),
+    ] = False,
 ) -> None:
-    """Run a whole cloud in one process: every API on one port, SQLite, simulated hosts."""
+    """Run a whole cloud on one machine: every API on one port, SQLite, simulated hosts."""
     import os
 
     _configure_logs(log_format, log_level, "up")
@@ -379,6 +388,7 @@ def up(
     os.umask(0o077)  # the ledger, images, disks and keys: the owner's only, from creation
 
     from stowage.wiring import all_in_one
+    from stowage.wiring import compute_process as separate_compute
 
     _Server = _server_class()
     from stowage.services.cloud import CloudConfig
@@ -452,7 +462,14 @@ def up(
     )
     server = _Server(
         uvicorn.Config(
-            all_in_one(cloud),
+            all_in_one(
+                cloud,
+                compute=(
+                    separate_compute(log_format=log_format, log_level=log_level)
+                    if compute_process
+                    else None
+                ),
+            ),
             host=host,
             port=port,
             log_level="warning",

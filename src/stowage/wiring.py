@@ -3,6 +3,9 @@
 - `all_in_one(cloud)`: `stowage up`. Every API on one port and, beside them in the same process,
   one simulated (or libvirt) agent per host, the conductor and the reconciler, on an
   in-process bus (`agent.local.LocalCompute`).
+- `all_in_one(cloud, compute=...)`: `stowage up --compute-process`. The same cloud, with its
+  compute side in a second process on the same ledger (`agent.compute_process`), so the APIs
+  and the conductor each have a core; a watchdog here starts that process again if it dies.
 - `production_app()`: `stowage api`'s app in each uvicorn worker. The APIs alone over the shared
   ledger; conductors and agents are processes of their own, reached over RabbitMQ.
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +29,9 @@ from stowage.api.app import create_app
 from stowage.api.limits import DEFAULT_MAX_BODY
 from stowage.services.cloud import Cloud, CloudConfig
 
-__all__ = ["all_in_one", "local_compute", "production_app", "rabbit_bus"]
+__all__ = ["all_in_one", "compute_process", "local_compute", "production_app", "rabbit_bus"]
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.asynccontextmanager
@@ -41,6 +47,57 @@ async def local_compute(cloud: Cloud) -> AsyncIterator[Any]:
     finally:
         await asyncio.to_thread(local.stop_thread)
         cloud.bus = None
+
+
+WATCH_S = 1.0
+"""How often the API's watchdog looks whether the compute process is alive."""
+
+
+def compute_process(*, log_format: str, log_level: str) -> Any:
+    """The runtime of `stowage up --compute-process`: the compute side in a child process."""
+
+    @contextlib.asynccontextmanager
+    async def run(cloud: Cloud) -> AsyncIterator[Any]:
+        from stowage.agent.compute_process import ComputeProcess
+
+        url = cloud.ledger.engine.url.render_as_string(hide_password=False)
+        child = ComputeProcess(cloud.config, url, log_format=log_format, log_level=log_level)
+        try:
+            await asyncio.to_thread(child.start)
+            cloud.bus, cloud.kick = child, child.kick
+            watchdog = asyncio.create_task(_watch(child), name="compute-process-watchdog")
+            try:
+                yield child
+            finally:
+                watchdog.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watchdog
+                cloud.bus, cloud.kick = None, lambda: None
+        finally:
+            await asyncio.to_thread(child.close)
+
+    return run
+
+
+async def _watch(child: Any) -> None:
+    """Start the compute process again whenever it has died (killed, crashed): until it is
+    back, creates and moves wait in the ledger, and its conductor takes them over."""
+    while True:
+        await asyncio.sleep(WATCH_S)
+        if child.alive():
+            continue
+        log.error(
+            "the compute process (pid %s) exited with code %s: starting it again",
+            child.pid,
+            child.exitcode,
+        )
+        try:
+            await asyncio.to_thread(child.stop)
+            await asyncio.to_thread(child.start)
+        except Exception:
+            log.exception("the compute process did not start again; trying again")
+        else:
+            log.info("the compute process is back (pid %s)", child.pid)
 
 
 def rabbit_bus(url: str) -> Any:
@@ -63,9 +120,10 @@ def rabbit_bus(url: str) -> Any:
     return run
 
 
-def all_in_one(cloud: Cloud) -> ASGIApp:
-    """`stowage up`: every API, and the whole compute side beside it in this process."""
-    return create_app(cloud, runtime=local_compute)
+def all_in_one(cloud: Cloud, *, compute: Any = None) -> ASGIApp:
+    """`stowage up`: every API, and the whole compute side beside it: in this process, or
+    run by `compute` (`compute_process(...)`: in a process of its own)."""
+    return create_app(cloud, runtime=compute or local_compute)
 
 
 def production_app() -> ASGIApp:

@@ -112,3 +112,60 @@ def test_a_begin_that_meets_another_processs_lock_fails_as_sqlalchemys_error(
         conn.execute(text("INSERT INTO n VALUES (1, 2)"))
     with engine.connect() as conn:
         assert conn.execute(text("SELECT i FROM n")).scalars().all() == [2]
+
+
+def _file_lock_is_free(path: Path) -> bool:
+    """Whether another process could take the gate's file lock now (a flock of an open file
+    description of our own conflicts as another process's would)."""
+    import fcntl
+    import os
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the probe's own lock
+    return True
+
+
+def test_a_writer_holds_the_gate_against_other_processes_too(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """`stowage up --compute-process` writes one file from two processes: the writer holds
+    a flock of `<file>-writer` from BEGIN to its end, which the kernel hands to a waiting
+    process at once (SQLite's busy handler would have it sleep and look again)."""
+    lock = tmp_path / "gate.db-writer"
+    assert _file_lock_is_free(lock)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO n VALUES (4, 4)"))
+        assert not _file_lock_is_free(lock)
+    assert _file_lock_is_free(lock)
+    with pytest.raises(RuntimeError), engine.begin() as conn:
+        conn.execute(text("INSERT INTO n VALUES (5, 5)"))
+        raise RuntimeError("the use case fails")
+    assert _file_lock_is_free(lock)
+
+
+def test_writers_of_two_processes_all_commit(engine: Engine, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from sqlalchemy import text\n"
+        "from stowage.ledger.db import make_engine, sqlite_url\n"
+        "e = make_engine(sqlite_url(sys.argv[1]))\n"
+        "for i in range(200):\n"
+        "    with e.begin() as c:\n"
+        "        c.execute(text('INSERT INTO n VALUES (7, :i)'), {'i': i})\n"
+    )
+    other = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "gate.db")])
+    for i in range(200):
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO n VALUES (6, :i)"), {"i": i})
+    assert other.wait(timeout=120) == 0
+    with engine.connect().execution_options(**READONLY) as conn:
+        counted = dict(conn.execute(text("SELECT writer, count(*) FROM n GROUP BY writer")).all())
+    assert counted == {6: 200, 7: 200}

@@ -105,6 +105,12 @@ class LocalCompute:
         assert self._loop is not None
         return LoopBridge(self._loop, self.bus)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop everything here runs on (once `start_thread` has returned)."""
+        assert self._loop is not None
+        return self._loop
+
     def stop_thread(self) -> None:
         if self._loop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)

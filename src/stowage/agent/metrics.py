@@ -51,6 +51,11 @@ class AgentMetrics:
     loop_stalls: Counter
     ops: Counter
 
+    async def exposition(self) -> bytes:
+        """The text exposition format of `registry` (what a runtime hands the API's
+        `/metrics`; the compute process's handle has one that asks the process)."""
+        return render(self.registry)
+
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> AgentMetrics:
         reg = registry if registry is not None else CollectorRegistry(auto_describe=True)

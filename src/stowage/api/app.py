@@ -78,7 +78,8 @@ class _BarePrefix:
 
 Runtime = Callable[[Cloud], contextlib.AbstractAsyncContextManager[Any]]
 """What runs beside the APIs for the app's lifetime (the composition root, `stowage.wiring`,
-chooses it): entered at start-up, it yields a metrics registry to serve or None."""
+chooses it): entered at start-up, it yields what has metrics to serve (an object whose
+`async exposition()` gives them in the text format) or None."""
 
 
 @contextlib.asynccontextmanager
@@ -160,7 +161,7 @@ async def _metrics(request: Request) -> Response:
         parts.append(render(registry))
     metrics = getattr(request.app.state, "metrics", None)
     if metrics is not None:
-        parts.append(render(metrics.registry))
+        parts.append(await metrics.exposition())
     return Response(b"".join(parts), media_type=CONTENT_TYPE_LATEST)
 
 
