@@ -176,7 +176,13 @@ def start(
             str(topo),
             "--max-instances-per-request",
             "100000",
-            *(["--compute-process"] if compute_process else []),
+            # Said either way (the default follows the cores); a "before" checkout older
+            # than the option runs one process and is told nothing.
+            *(
+                ["--compute-process"]
+                if compute_process
+                else ([] if src is not None else ["--no-compute-process"])
+            ),
         ],
         stdout=(state.parent / "cloud.log").open("wb"),
         stderr=subprocess.STDOUT,
@@ -928,8 +934,9 @@ def main() -> None:
         "--compute-process",
         choices=("off", "on", "both"),
         default="off",
-        help="stowage up --compute-process (on); or both: this checkout in one process, then "
-        "with --compute-process, side by side",
+        help="stowage up --compute-process (on) or --no-compute-process (off, the default "
+        "here, as the figures before 2026-12-06 were taken); or both: this checkout in one "
+        "process, then with --compute-process, side by side",
     )
     args = parser.parse_args()
     if args.threads and args.compute_process != "off":

@@ -5,7 +5,11 @@ identity API, and the wall time of the first `openstack server create --wait` of
 next to the wall time of `openstack flavor list` in the same cloud (the CLI's own start-up
 cost, measured in the same run as a baseline).
 
-    .venv/bin/python bench/startup.py [--runs 3]
+    .venv/bin/python bench/startup.py [--runs 3] [--compute-process on|off]
+
+`stowage up` as it starts by default (the conductor and the agents in a second process, on a
+machine of two cores or more), or told `--compute-process` (on) or `--no-compute-process`
+(off, one process).
 """
 
 from __future__ import annotations
@@ -38,12 +42,12 @@ def timed(args: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - start
 
 
-def one_run() -> tuple[float, float, float]:
+def one_run(extra: list[str]) -> tuple[float, float, float]:
     state = Path(tempfile.mkdtemp(prefix="stowage-bench-"))
     port = free_port()
     start = time.perf_counter()
     proc = subprocess.Popen(
-        [str(BIN / "stowage"), "up", "--state-dir", str(state / "s"), "--port", str(port)],
+        [str(BIN / "stowage"), "up", "--state-dir", str(state / "s"), "--port", str(port), *extra],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -74,8 +78,12 @@ def one_run() -> tuple[float, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--compute-process", choices=("default", "on", "off"), default="default")
     args = parser.parse_args()
-    results = [one_run() for _ in range(args.runs)]
+    extra = {"default": [], "on": ["--compute-process"], "off": ["--no-compute-process"]}[
+        args.compute_process
+    ]
+    results = [one_run(extra) for _ in range(args.runs)]
     for name, index in (("stowage up -> identity answers", 0),
                         ("first server create --wait", 1),
                         ("openstack flavor list (CLI baseline)", 2)):  # fmt: skip

@@ -369,14 +369,15 @@ def up(
     console_token_ttl: ConsoleTokenTtl = 600.0,
     shelved_offload_time: ShelvedOffloadTime = 0.0,
     compute_process: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--compute-process/--no-compute-process",
             help="Run the conductor and the agents in a second process beside the APIs' "
-            "(both on the same ledger), so that each has a core: more boots a second on a "
-            "machine of several cores.",
+            "(both on the same ledger), so that each has a core [default: when this process "
+            "may run on two or more cores].",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
 ) -> None:
     """Run a whole cloud on one machine: every API on one port, SQLite, simulated hosts."""
     import os
@@ -466,7 +467,7 @@ def up(
                 cloud,
                 compute=(
                     separate_compute(log_format=log_format, log_level=log_level)
-                    if compute_process
+                    if _separate_compute(compute_process)
                     else None
                 ),
             ),
@@ -484,6 +485,14 @@ def up(
             libvirt_hosts.stop()
     cloud.ledger.close()
     console.print("Stowage stopped.")
+
+
+def _separate_compute(asked: bool | None) -> bool:
+    """`--compute-process`, or by default whether this process may use two cores or more:
+    on one core the second process only adds the hand-over of the ledger's write lock."""
+    import os
+
+    return asked if asked is not None else len(os.sched_getaffinity(0)) >= 2
 
 
 KEEP_ALIVE_S = 75

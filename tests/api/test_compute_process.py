@@ -150,3 +150,12 @@ def test_no_compute_process_outlives_its_cloud(tmp_path: Path) -> None:
     _wait(lambda: not _alive(child), 30, "the compute process gone after its parent was killed")
     for path in sockets:
         assert not path.parent.exists()
+
+
+def test_no_compute_process_keeps_the_cloud_in_one_process(tmp_path: Path) -> None:
+    single = start_cloud(tmp_path / "single", "--no-compute-process", "--hosts", "1")
+    try:
+        assert _compute_pids(single.process.pid) == []
+        assert single.boot("alone")["status"] == "ACTIVE"
+    finally:
+        stop_cloud(single)
