@@ -40,6 +40,43 @@ def test_find_each_reads_the_pairs_that_exist_in_one_statement(db_url: str) -> N
         ledger.close()
 
 
+def test_find_each_searches_the_key_rather_than_scan_every_document(db_url: str) -> None:
+    """A create reads its flavor and image with `find_each`: the plan searches the primary
+    key, of each kind, whatever else the table holds (it scanned the table on SQLite)."""
+    ledger = Ledger.open(db_url)
+    try:
+        store = ObjectStore(ledger.engine)
+        with ledger.engine.begin() as conn:
+            store.create_each_in(
+                conn, [NewDocument("instance", f"vm-{i}", {"n": i}) for i in range(300)]
+            )
+        store.create("flavor", "1", {"name": "m1.tiny"})
+        seen = _statements(ledger)
+        params: list[object] = []
+
+        @event.listens_for(ledger.engine, "before_cursor_execute")
+        def _keep(_c: object, _cur: object, _s: str, parameters: object, *_a: object) -> None:
+            params.append(parameters)
+
+        found = store.find_each([("flavor", "1"), ("instance", "vm-7"), ("instance", "vm-9")])
+        assert sorted(found) == [("flavor", "1"), ("instance", "vm-7"), ("instance", "vm-9")]
+        assert found[("instance", "vm-9")].body == {"n": 9}
+        [statement] = seen
+        with ledger.engine.connect() as conn:
+            if ledger.engine.dialect.name == "sqlite":
+                plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params[0])
+                details = [str(row[-1]) for row in plan]
+                assert not any(d.startswith("SCAN objects") for d in details), details
+                assert any("USING INDEX sqlite_autoindex_objects_1" in d for d in details)
+            else:
+                conn.exec_driver_sql("SET enable_seqscan = off")
+                plan = conn.exec_driver_sql(f"EXPLAIN {statement}", params[0])
+                details = [str(row[0]) for row in plan]
+                assert not any("Seq Scan" in d for d in details), details
+    finally:
+        ledger.close()
+
+
 def test_create_each_in_writes_all_in_one_statement_or_none(db_url: str) -> None:
     ledger = Ledger.open(db_url)
     try:
