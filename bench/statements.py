@@ -174,6 +174,11 @@ def main() -> None:
     parser.add_argument(
         "--warm", type=int, default=3, help="servers booted before the counted ones"
     )
+    parser.add_argument(
+        "--plans",
+        action="store_true",
+        help="SQLite's plan of every statement the boots ran: print those that scan a table",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="stowage-bench-statements-"))
     ledger = Ledger.open(args.db or f"sqlite:///{work / 'ledger.db'}")
@@ -184,9 +189,17 @@ def main() -> None:
     places: collections.Counter[str] = collections.Counter()
     polls = ("GET /servers", "show_server", "_settled")
 
+    executed: dict[str, tuple[Any, str]] = {}  # each statement's first parameters, and where
+    repeats: collections.Counter[str] = collections.Counter()
+
     @event.listens_for(ledger.engine, "before_cursor_execute")
     def _count(*_args: Any) -> None:
         _counted(_args[2].split()[0].upper())
+        if args.plans and counting[0]:
+            statement = _args[2]
+            repeats[statement] += 1
+            if statement not in executed:
+                executed[statement] = (_args[3], _where())
 
     # Transactions by the engine's own event: SQLite's BEGIN goes to the driver directly
     # (no cursor execute to see), PostgreSQL's is the driver's implicit one.
@@ -225,6 +238,7 @@ def main() -> None:
         asyncio.run(_boots(cloud, args, counting))
     finally:
         local.stop_thread()
+        scans = _scans(ledger, executed) if args.plans else []
         ledger.close()
     if calls is not None:
         sys.setprofile(None)
@@ -244,6 +258,32 @@ def main() -> None:
             print(f"{inside / n:9,.0f}  {name}")
     for where, count in places.most_common(args.top):
         print(f"{count / n:6.2f}  {where}")
+    if args.plans:
+        print(f"statements whose plan scans a table ({len(scans)} of {len(executed)} distinct):")
+        for statement, where, steps in scans:
+            print(f"{repeats[statement] / n:6.2f}  at {where}: {'; '.join(steps)}")
+            print(f"        {' '.join(statement.split())[:300]}")
+
+
+def _scans(ledger: Ledger, executed: dict[str, tuple[Any, str]]) -> list[tuple[str, str, list]]:
+    """SQLite's plan of each statement run, with the parameters of its first run: those with
+    a step that reads a whole table (`SCAN t`, an index walked whole included)."""
+    if ledger.engine.dialect.name != "sqlite":
+        raise SystemExit("--plans reads SQLite's EXPLAIN QUERY PLAN: not with --db")
+    found = []
+    with ledger.engine.connect() as conn:
+        for statement, (params, where) in executed.items():
+            if statement.split()[0].upper() not in ("SELECT", "UPDATE", "DELETE", "INSERT"):
+                continue
+            try:
+                plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params).all()
+            except Exception as exc:  # an executemany's list of parameters, say
+                found.append((statement, where, [f"(not planned: {type(exc).__name__})"]))
+                continue
+            steps = [str(row[-1]) for row in plan]
+            if any(s.startswith("SCAN ") and "CONSTANT ROW" not in s for s in steps):
+                found.append((statement, where, steps))
+    return found
 
 
 if __name__ == "__main__":
