@@ -1,19 +1,23 @@
-"""A boot's statements search by key; none reads a whole table. A scan costs nothing in a
-test's cloud and grows with every server and host a real one holds, and the rows it returns do
-not show it: two did (a create's flavor and image read scanned every document on SQLite; each
-schedule batch read every host's name). SQLite's plan of each statement says."""
+"""A boot's and a live migration's statements search by key; none reads a whole table. A
+scan costs nothing in a test's cloud and grows with every server and host a real one holds,
+and the rows it returns do not show it: three did (a create's flavor and image read scanned
+every document on SQLite; each schedule batch of builds, and of moves, read every host's
+name). SQLite's plan of each statement says."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+import pytest
+from sqlalchemy import Engine, event
 from tests.api.inprocess import InProcessCloud, in_process_cloud
 
 
-def _boot(cloud: InProcessCloud, names: list[str], network: str) -> None:
+def _boot(cloud: InProcessCloud, names: list[str], network: str) -> list[str]:
     """Create these servers, each with a port on `network`, and wait until all are ACTIVE."""
     ids = []
     for name in names:
@@ -29,34 +33,90 @@ def _boot(cloud: InProcessCloud, names: list[str], network: str) -> None:
                 break
             assert time.monotonic() < deadline, shown.text
             time.sleep(0.05)
+    return ids
 
 
-def test_no_statement_of_a_boot_scans_a_table(tmp_path: Path) -> None:
-    with in_process_cloud(tmp_path, hosts=3) as cloud:
-        engine = cloud.cloud.ledger.engine
-        networks = cloud.request("GET", "/networking/v2.0/networks").json()["networks"]
-        private = next(n["id"] for n in networks if n["name"] == "private")
+@contextmanager
+def _statements(engine: Engine) -> Iterator[dict[str, Any]]:
+    """Every distinct statement run meanwhile, with the parameters of its first run."""
+    executed: dict[str, Any] = {}
+
+    def keep(_conn: Any, _cursor: Any, statement: str, params: Any, *_rest: Any) -> None:
+        executed.setdefault(statement, params)
+
+    event.listen(engine, "before_cursor_execute", keep)
+    try:
+        yield executed
+    finally:
+        event.remove(engine, "before_cursor_execute", keep)
+
+
+def _scans(engine: Engine, executed: dict[str, Any]) -> dict[str, list[str]]:
+    """The statements whose SQLite plan reads a whole table or index, with the plan."""
+    scans = {}
+    with engine.connect() as conn:
+        for statement, params in executed.items():
+            if statement.split()[0].upper() not in ("SELECT", "UPDATE", "DELETE"):
+                continue
+            plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params).all()
+            steps = [str(row[-1]) for row in plan]
+            if any(s.startswith("SCAN ") and "CONSTANT ROW" not in s for s in steps):
+                scans[" ".join(statement.split())] = steps
+    return scans
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessCloud]:
+    with in_process_cloud(Path(tmp_path_factory.mktemp("plans")), hosts=3) as running:
         # A first boot, not counted: the token, and the scheduler's view read whole once.
-        _boot(cloud, ["warm"], private)
-        executed: dict[str, Any] = {}
+        _boot(running, ["warm"], _private(running))
+        yield running
 
-        def keep(_conn: Any, _cursor: Any, statement: str, params: Any, *_rest: Any) -> None:
-            executed.setdefault(statement, params)
 
-        event.listen(engine, "before_cursor_execute", keep)
-        try:
-            _boot(cloud, [f"planned-{i}" for i in range(3)], private)
-        finally:
-            event.remove(engine, "before_cursor_execute", keep)
+def _private(cloud: InProcessCloud) -> str:
+    networks = cloud.request("GET", "/networking/v2.0/networks").json()["networks"]
+    return str(next(n["id"] for n in networks if n["name"] == "private"))
 
-        scans = {}
-        with engine.connect() as conn:
-            for statement, params in executed.items():
-                if statement.split()[0].upper() not in ("SELECT", "UPDATE", "DELETE"):
-                    continue
-                plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params).all()
-                steps = [str(row[-1]) for row in plan]
-                if any(s.startswith("SCAN ") and "CONSTANT ROW" not in s for s in steps):
-                    scans[" ".join(statement.split())] = steps
-        assert len(executed) > 20  # the boots' statements were seen
-        assert scans == {}
+
+def test_no_statement_of_a_boot_scans_a_table(cloud: InProcessCloud) -> None:
+    engine = cloud.cloud.ledger.engine
+    with _statements(engine) as executed:
+        _boot(cloud, [f"planned-{i}" for i in range(3)], _private(cloud))
+    assert len(executed) > 20  # the boots' statements were seen
+    assert _scans(engine, executed) == {}
+
+
+def test_no_statement_of_a_live_migration_scans_a_table(cloud: InProcessCloud) -> None:
+    """The move's schedule step named its destination from a read of every host's name."""
+    engine = cloud.cloud.ledger.engine
+    [server_id] = _boot(cloud, ["moved"], _private(cloud))
+    source = _host_of(cloud, server_id)
+    with _statements(engine) as executed:
+        moved = cloud.request(
+            "POST",
+            f"/compute/v2.1/servers/{server_id}/action",
+            json={"os-migrateLive": {"host": None, "block_migration": "auto"}},
+        )
+        assert moved.status_code == 202, moved.text
+        deadline = time.monotonic() + 60
+        while _host_of(cloud, server_id) == source or _task_of(cloud, server_id):
+            assert time.monotonic() < deadline, "the live migration did not end"
+            time.sleep(0.05)
+    assert len(executed) > 10
+    assert _scans(engine, executed) == {}
+
+
+def _server(cloud: InProcessCloud, server_id: str) -> dict[str, Any]:
+    shown = cloud.request("GET", f"/compute/v2.1/servers/{server_id}")
+    assert shown.status_code == 200, shown.text
+    server: dict[str, Any] = shown.json()["server"]
+    return server
+
+
+def _host_of(cloud: InProcessCloud, server_id: str) -> str:
+    return str(_server(cloud, server_id)["OS-EXT-SRV-ATTR:host"])
+
+
+def _task_of(cloud: InProcessCloud, server_id: str) -> str | None:
+    task: str | None = _server(cloud, server_id)["OS-EXT-STS:task_state"]
+    return task

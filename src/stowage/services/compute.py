@@ -31,6 +31,7 @@ __all__ = [
     "InstanceState",
     "allocate_ports",
     "build_servers",
+    "claimed_host_name",
     "delete_server",
     "instance_topology",
     "power_action",
@@ -471,7 +472,7 @@ def _place(
         if doc is None or doc.body.get("task_state") != "scheduling":
             raise ClaimRefused(f"instance {claim.instance_id} no longer waits to be scheduled")
         body = dict(doc.body)
-        host = _claimed_host_name(cloud, conn, claim.host_id)
+        host = claimed_host_name(cloud, conn, claim.host_id)
         body["host"] = host
         wants_ports = isinstance(body.get("networks"), list) and bool(body["networks"])
         body["task_state"] = "networking" if wants_ports else "spawning"
@@ -499,10 +500,10 @@ def _place(
             )
 
 
-def _claimed_host_name(cloud: Cloud, conn: Connection, host_id: int) -> str:
-    """The name of the host a claim was just placed on, as the scheduler's view holds it
-    (it planned the claim there), else read by its key. Each batch read every host's name
-    before (a scan of the hosts: 10,000 rows a batch at 10,000 hosts)."""
+def claimed_host_name(cloud: Cloud, conn: Connection, host_id: int) -> str:
+    """The name of the host a claim was just placed on (a build's or a move's), as the
+    scheduler's view holds it (it planned the claim there), else read by its key. Each batch
+    read every host's name before (a scan of the hosts: 10,000 rows a batch at 10,000 hosts)."""
     view = cloud.scheduler.view
     state = view.hosts.get(host_id) if view is not None else None
     if state is not None:

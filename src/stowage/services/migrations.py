@@ -33,7 +33,12 @@ from stowage.ledger.operations import Operation
 from stowage.ledger.schema import hosts
 from stowage.scheduling.framework import Request
 from stowage.services.cloud import Cloud
-from stowage.services.compute import instance_hosts, record_action, shape_of_flavor, take_instance
+from stowage.services.compute import (
+    claimed_host_name,
+    record_action,
+    shape_of_flavor,
+    take_instance,
+)
 
 __all__ = [
     "MoveResult",
@@ -263,7 +268,6 @@ def schedule_moves(cloud: Cloud, ops: Sequence[Operation]) -> None:
             continue
         by_migration[op.migration_id] = op
         requests.append(request)
-    names = instance_hosts(cloud)  # read before the commit opens
 
     def placed(conn: Connection, claim: Any) -> None:
         op = by_migration[claim.consumer_id]
@@ -272,9 +276,7 @@ def schedule_moves(cloud: Cloud, ops: Sequence[Operation]) -> None:
         if current is None or current.finished or current.step != "schedule" or doc is None:
             raise ClaimRefused(f"migration {claim.consumer_id} no longer waits for a destination")
         record = dict(doc.body)
-        dest = names.get(claim.host_id) or str(
-            conn.execute(select(hosts.c.name).where(hosts.c.id == claim.host_id)).scalar_one()
-        )
+        dest = claimed_host_name(cloud, conn, claim.host_id)
         status = "preparing" if record["migration_type"] == "live-migration" else "pre-migrating"
         record.update(status=status, dest_compute=dest, dest_host=dest)
         if not cloud.objects.swap_in(conn, "migration", claim.consumer_id, doc.body, record):
