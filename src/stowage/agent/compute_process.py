@@ -206,8 +206,10 @@ class ComputeProcess:
 
 def _child_main(handle: ComputeProcess, parent: Connection) -> None:
     """The compute process: `LocalCompute` on its own loop, and the two sockets."""
-    # Ctrl-C reaches the whole process group: the parent stops this process in its turn.
+    # Ctrl-C, or a SIGTERM to the whole group (an init system's stop), reaches both
+    # processes: the parent stops this one in its turn, once the APIs have stopped.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from stowage.agent.local import LocalCompute
     from stowage.services.runtime import open_cloud
     from stowage.telemetry import configure_logging
@@ -232,6 +234,7 @@ def _child_main(handle: ComputeProcess, parent: Connection) -> None:
     cloud.ledger.close()
     if told is None:  # the parent died and cannot remove the sockets' directory: this does
         shutil.rmtree(Path(handle.control_path).parent, ignore_errors=True)
+    log.info("the compute process stopped (%s)", "told to" if told else "its parent is gone")
 
 
 async def _serve(local: Any, handle: ComputeProcess) -> list[Any]:
