@@ -199,3 +199,43 @@ def _answers(base: str) -> bool:
         return httpx.get(f"{base}/identity/v3", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_closed_handle_starts_no_compute_process(tmp_path: Path) -> None:
+    """The cloud's stop closes the handle while its watchdog may be starting the process
+    again: the start finishes first and is then stopped, and no start comes after the close,
+    so no compute process is left for nobody to stop."""
+    import threading
+
+    from stowage.agent.compute_process import ComputeProcess
+    from stowage.services.cloud import CloudConfig
+    from stowage.services.runtime import open_cloud
+
+    config = CloudConfig(state_dir=tmp_path / "state", hosts=1)
+    cloud = open_cloud(config)
+    url = cloud.ledger.engine.url.render_as_string(hide_password=False)
+    handle = ComputeProcess(config, url, log_format="kv", log_level="warning")
+    started: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            handle.start()
+            started.append(None)
+        except BaseException as exc:
+            started.append(exc)
+
+    try:
+        starting = threading.Thread(target=start)
+        starting.start()
+        _wait(lambda: handle.pid is not None, 60, "the start under way")
+        pid = handle.pid
+        assert pid is not None
+        handle.close()  # waits for the start, then stops what it started
+        starting.join(timeout=60)
+        assert started == [None]
+        assert not _alive(pid)
+        with pytest.raises(RuntimeError, match="stopped"):
+            handle.start()
+    finally:
+        handle.close()
+        cloud.ledger.close()

@@ -32,6 +32,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -70,9 +71,19 @@ class ComputeProcess:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._pipe: Connection | None = None
         self.starts = 0
+        # Start, stop and close take turns (the watchdog's start again may meet the cloud's
+        # stop), and nothing starts once closed: no child is left that nobody stops.
+        self._turns = threading.Lock()
+        self._closed = False
 
     def start(self) -> None:
         """Start the child and return once its agents serve; RuntimeError if it cannot."""
+        with self._turns:
+            if self._closed:
+                raise RuntimeError("the compute process's cloud has stopped")
+            self._start()
+
+    def _start(self) -> None:
         context = multiprocessing.get_context("spawn")
         mine, theirs = context.Pipe()
         process = context.Process(
@@ -85,14 +96,14 @@ class ComputeProcess:
         self._process, self._pipe = process, mine
         self.starts += 1
         if not mine.poll(START_TIMEOUT_S):
-            self.stop()
+            self._stop()
             raise RuntimeError(f"the compute process did not start in {START_TIMEOUT_S:.0f} s")
         try:
             message = mine.recv()
         except EOFError:
             message = ("failed", f"it exited with code {process.exitcode}")
         if message[0] != "ready":
-            self.stop()
+            self._stop()
             raise RuntimeError(f"the compute process did not start: {message[1]}")
 
     def __getstate__(self) -> dict[str, Any]:
@@ -183,6 +194,10 @@ class ComputeProcess:
 
     def stop(self) -> None:
         """Stop the child (its agents and conductor end their work as at any stop)."""
+        with self._turns:
+            self._stop()
+
+    def _stop(self) -> None:
         process, pipe = self._process, self._pipe
         if process is not None:
             if pipe is not None:
@@ -198,8 +213,10 @@ class ComputeProcess:
         self._process = self._pipe = None
 
     def close(self) -> None:
-        """Stop the child and remove the sockets' directory."""
-        self.stop()
+        """Stop the child, for good, and remove the sockets' directory."""
+        with self._turns:
+            self._closed = True
+            self._stop()
         self._kicks.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
