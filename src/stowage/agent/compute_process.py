@@ -33,11 +33,21 @@ import signal
 import socket
 import tempfile
 import threading
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from stowage.bus.base import BusClosed, BusError, BusTimeout, Payload, RemoteError
+from stowage.bus.base import (
+    BusClosed,
+    BusError,
+    BusTimeout,
+    Payload,
+    RemoteError,
+    failure_envelope,
+    success_envelope,
+    unwrap,
+)
 
 __all__ = ["START_TIMEOUT_S", "ComputeProcess"]
 
@@ -53,24 +63,37 @@ REPLY_MARGIN_S = 5.0
 it timed out, and the way back) before the parent gives up on the child."""
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """What the child is started with: its cloud and logs, and the sockets' paths."""
+
+    config: Any
+    db_url: str
+    log_format: str
+    log_level: str
+    kick_path: str
+    control_path: str
+
+
 class ComputeProcess:
     """The parent's handle on the compute process: start, stop, and the calls to it."""
 
     def __init__(self, config: Any, db_url: str, *, log_format: str, log_level: str) -> None:
-        self.config = config
-        self.db_url = db_url
-        self.log_format = log_format
-        self.log_level = log_level
         # Short (a socket's path has at most 107 bytes; a state directory may be deeper) and
         # the owner's alone (mkdtemp makes it 0700): no other user reaches the agents here.
         self._dir = Path(tempfile.mkdtemp(prefix="stowage-compute-"))
-        self.kick_path = str(self._dir / "kick")
-        self.control_path = str(self._dir / "control")
+        self.settings = _Settings(
+            config,
+            db_url,
+            log_format,
+            log_level,
+            kick_path=str(self._dir / "kick"),
+            control_path=str(self._dir / "control"),
+        )
         self._kicks = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._kicks.setblocking(False)
         self._process: multiprocessing.process.BaseProcess | None = None
         self._pipe: Connection | None = None
-        self.starts = 0
         # Start, stop and close take turns (the watchdog's start again may meet the cloud's
         # stop), and nothing starts once closed: no child is left that nobody stops.
         self._turns = threading.Lock()
@@ -88,13 +111,12 @@ class ComputeProcess:
         mine, theirs = context.Pipe()
         process = context.Process(
             target=_child_main,
-            args=(self, theirs),
+            args=(self.settings, theirs),
             name="stowage-compute",
         )
         process.start()
         theirs.close()
         self._process, self._pipe = process, mine
-        self.starts += 1
         if not mine.poll(START_TIMEOUT_S):
             self._stop()
             raise RuntimeError(f"the compute process did not start in {START_TIMEOUT_S:.0f} s")
@@ -105,20 +127,6 @@ class ComputeProcess:
         if message[0] != "ready":
             self._stop()
             raise RuntimeError(f"the compute process did not start: {message[1]}")
-
-    def __getstate__(self) -> dict[str, Any]:
-        # What the child needs of its parent's handle: the settings and the paths.
-        return {
-            "config": self.config,
-            "db_url": self.db_url,
-            "log_format": self.log_format,
-            "log_level": self.log_level,
-            "kick_path": self.kick_path,
-            "control_path": self.control_path,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
 
     @property
     def pid(self) -> int | None:
@@ -135,7 +143,7 @@ class ComputeProcess:
         """There is work now (safe from any thread; lost if the child is not listening, and
         then found by the conductor's next look)."""
         with contextlib.suppress(OSError):
-            self._kicks.sendto(b"k", self.kick_path)
+            self._kicks.sendto(b"k", self.settings.kick_path)
 
     async def call(
         self, topic: str, method: str, payload: Payload, *, op_id: str, timeout_s: float
@@ -152,15 +160,13 @@ class ComputeProcess:
             },
             timeout_s + REPLY_MARGIN_S,
         )
-        if reply.get("ok"):
-            result: Payload = reply["result"]
-            return result
-        kind, message = str(reply.get("kind")), str(reply.get("message"))
+        # The child's bus failed to deliver: the same fault here; else the handler's reply.
+        kind, message = reply.get("kind"), str(reply.get("message"))
         if kind == "BusTimeout":
             raise BusTimeout(message)
         if kind == "BusClosed":
             raise BusClosed(message)
-        raise RemoteError(kind, message)
+        return unwrap(reply)
 
     async def exposition(self) -> bytes:
         """The agents' metrics in the text exposition format (empty if the child is down)."""
@@ -174,7 +180,7 @@ class ComputeProcess:
     async def _ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         try:
             async with asyncio.timeout(timeout_s):
-                reader, writer = await asyncio.open_unix_connection(self.control_path)
+                reader, writer = await asyncio.open_unix_connection(self.settings.control_path)
                 try:
                     writer.write(json.dumps(request).encode() + b"\n")
                     await writer.drain()
@@ -221,7 +227,7 @@ class ComputeProcess:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _child_main(handle: ComputeProcess, parent: Connection) -> None:
+def _child_main(settings: _Settings, parent: Connection) -> None:
     """The compute process: `LocalCompute` on its own loop, and the two sockets."""
     # Ctrl-C, or a SIGTERM to the whole group (an init system's stop), reaches both
     # processes: the parent stops this one in its turn, once the APIs have stopped.
@@ -231,13 +237,13 @@ def _child_main(handle: ComputeProcess, parent: Connection) -> None:
     from stowage.services.runtime import open_cloud
     from stowage.telemetry import configure_logging
 
-    configure_logging(handle.log_format, handle.log_level, process="up:compute")
+    configure_logging(settings.log_format, settings.log_level, process="up:compute")
     try:
-        cloud = open_cloud(handle.config, db_url=handle.db_url)
+        cloud = open_cloud(settings.config, db_url=settings.db_url)
         local = LocalCompute(cloud)
         local.start_thread()
         loop = local.loop
-        servers = asyncio.run_coroutine_threadsafe(_serve(local, handle), loop).result()
+        servers = asyncio.run_coroutine_threadsafe(_serve(local, settings), loop).result()
     except BaseException as exc:
         log.exception("the compute process did not start")
         parent.send(("failed", f"{type(exc).__name__}: {exc}"))
@@ -250,16 +256,16 @@ def _child_main(handle: ComputeProcess, parent: Connection) -> None:
     local.stop_thread()
     cloud.ledger.close()
     if told is None:  # the parent died and cannot remove the sockets' directory: this does
-        shutil.rmtree(Path(handle.control_path).parent, ignore_errors=True)
+        shutil.rmtree(Path(settings.control_path).parent, ignore_errors=True)
     log.info("the compute process stopped (%s)", "told to" if told else "its parent is gone")
 
 
-async def _serve(local: Any, handle: ComputeProcess) -> list[Any]:
+async def _serve(local: Any, settings: _Settings) -> list[Any]:
     loop = asyncio.get_running_loop()
     kicks = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     with contextlib.suppress(FileNotFoundError):
-        Path(handle.kick_path).unlink()
-    kicks.bind(handle.kick_path)
+        Path(settings.kick_path).unlink()
+    kicks.bind(settings.kick_path)
     kicks.setblocking(False)
 
     def kicked() -> None:
@@ -270,9 +276,9 @@ async def _serve(local: Any, handle: ComputeProcess) -> list[Any]:
 
     loop.add_reader(kicks.fileno(), kicked)
     with contextlib.suppress(FileNotFoundError):
-        Path(handle.control_path).unlink()
+        Path(settings.control_path).unlink()
     control = await asyncio.start_unix_server(
-        lambda r, w: _answer(local, r, w), path=handle.control_path
+        lambda r, w: _answer(local, r, w), path=settings.control_path
     )
     return [kicks, control]
 
@@ -302,11 +308,11 @@ async def _answer(local: Any, reader: asyncio.StreamReader, writer: asyncio.Stre
                     op_id=request["op_id"],
                     timeout_s=float(request["timeout_s"]),
                 )
-                reply = {"ok": True, "result": result}
-            except RemoteError as exc:
+                reply = success_envelope(result)
+            except RemoteError as exc:  # the handler's failure, as its envelope said it
                 reply = {"ok": False, "kind": exc.kind, "message": exc.message}
             except BusError as exc:
-                reply = {"ok": False, "kind": type(exc).__name__, "message": str(exc)}
+                reply = failure_envelope(exc)
         writer.write(json.dumps(reply).encode() + b"\n")
         await writer.drain()
     except Exception:
