@@ -131,23 +131,29 @@ def boot_args(name: str, *args: str, flavor: str = "m1.tiny") -> list[str]:
     ]
 
 
-def start_cloud(state_dir: Path, *extra: str, timeout_s: float = 60.0) -> RunningCloud:
+def start_cloud(
+    state_dir: Path, *extra: str, timeout_s: float = 60.0, new_session: bool = False
+) -> RunningCloud:
     """`stowage up` on a free port. The port is free when chosen, not when the cloud binds
     it: another test's process can take it in between (seen in CI as "address already in
-    use" and exit 3; or its own check, exit 1), so it is started again on another port."""
+    use" and exit 3; or its own check, exit 1), so it is started again on another port.
+    `new_session`: in a process group of its own, for a test that signals the whole group as
+    an init system would."""
     for _ in range(3):
         try:
-            return _start_cloud_once(state_dir, extra, timeout_s)
+            return _start_cloud_once(state_dir, extra, timeout_s, new_session)
         except _PortTaken:
             continue
-    return _start_cloud_once(state_dir, extra, timeout_s)
+    return _start_cloud_once(state_dir, extra, timeout_s, new_session)
 
 
 class _PortTaken(RuntimeError):
     """The cloud exited because its port was taken before it bound it."""
 
 
-def _start_cloud_once(state_dir: Path, extra: tuple[str, ...], timeout_s: float) -> RunningCloud:
+def _start_cloud_once(
+    state_dir: Path, extra: tuple[str, ...], timeout_s: float, new_session: bool
+) -> RunningCloud:
     port = free_port()
     log = state_dir.parent / f"{state_dir.name}.log"
     with log.open("wb") as out:
@@ -166,6 +172,7 @@ def _start_cloud_once(state_dir: Path, extra: tuple[str, ...], timeout_s: float)
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=new_session,
         )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s

@@ -8,14 +8,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from tests.api.cloudproc import BIN, IMAGE, RunningCloud, free_port, start_cloud, stop_cloud
+from tests.api.cloudproc import IMAGE, RunningCloud, start_cloud, stop_cloud
 
 
 def _compute_pids(parent: int) -> list[int]:
@@ -166,39 +165,19 @@ def test_a_sigterm_to_the_whole_group_stops_both_processes_in_turn(tmp_path: Pat
     """An init system stops a service by signalling its whole process group: the compute
     process waits for its parent to stop it (its agents and conductor end their work), rather
     than die at the signal while the APIs still run."""
-    state = tmp_path / "state"
-    log = tmp_path / "cloud.log"
-    port = str(free_port())
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                *(str(BIN / "stowage"), "up", "--state-dir", str(state), "--port", port),
-                *("--compute-process", "--hosts", "1"),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # a group of its own, to signal whole
-        )
+    cloud = start_cloud(tmp_path / "state", "--compute-process", "--hosts", "1", new_session=True)
     try:
-        _wait(lambda: _answers(f"http://127.0.0.1:{port}"), 60, "the cloud answers")
-        [child] = _compute_pids(process.pid)
-        os.killpg(process.pid, signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
+        [child] = _compute_pids(cloud.process.pid)
+        os.killpg(cloud.process.pid, signal.SIGTERM)
+        assert cloud.process.wait(timeout=60) == 0
         _wait(lambda: not _alive(child), 30, "the compute process gone")
-        text = log.read_text()
+        text = cloud.log.read_text()
         assert "the compute process stopped (told to)" in text, text
         assert "starting it again" not in text
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-
-
-def _answers(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/identity/v3", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+        if cloud.process.poll() is None:
+            cloud.process.kill()
+            cloud.process.wait()
 
 
 def test_a_closed_handle_starts_no_compute_process(tmp_path: Path) -> None:
