@@ -948,27 +948,18 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
     load = Load(args.procs)
     try:
-        runs: list[tuple[str, dict[str, float]]] = []
+        # Each side: its label, its source tree (None: this checkout), and whether split.
+        sides: list[tuple[str, Path | None, bool]]
         if args.compute_process == "both":
-            for label, split in (("one process", False), ("compute process", True)):
-                runs.append((label, run(args, load, label, None, compute_process=split)))
+            sides = [("one process", None, False), ("compute process", None, True)]
         else:
             split = args.compute_process == "on"
-            if args.before_src is not None:
-                runs.append(
-                    (
-                        "before",
-                        run(
-                            args,
-                            load,
-                            "before",
-                            args.before_src.resolve(),
-                            compute_process=split,
-                        ),
-                    )
-                )
-            label = "after" if runs else "this"
-            runs.append((label, run(args, load, label, None, compute_process=split)))
+            sides = [("before", args.before_src.resolve(), split)] if args.before_src else []
+            sides.append(("after" if sides else "this", None, split))
+        runs = [
+            (label, run(args, load, label, src, compute_process=split))
+            for label, src, split in sides
+        ]
     finally:
         load.close()
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
