@@ -43,6 +43,7 @@ from stowage.api.app import create_app
 from stowage.domain.keystone import password_login
 from stowage.ledger import Ledger
 from stowage.ledger import objects as objects_module
+from stowage.ledger.db import sqlite_scans
 from stowage.services.cloud import Cloud, CloudConfig, bootstrap
 
 _SKIP = ("/ledger/", "/telemetry/")
@@ -276,12 +277,10 @@ def _scans(ledger: Ledger, executed: dict[str, tuple[Any, str]]) -> list[tuple[s
             if statement.split()[0].upper() not in ("SELECT", "UPDATE", "DELETE", "INSERT"):
                 continue
             try:
-                plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params).all()
+                steps = sqlite_scans(conn, statement, params)
             except Exception as exc:  # an executemany's list of parameters, say
-                found.append((statement, where, [f"(not planned: {type(exc).__name__})"]))
-                continue
-            steps = [str(row[-1]) for row in plan]
-            if any(s.startswith("SCAN ") and "CONSTANT ROW" not in s for s in steps):
+                steps = [f"(not planned: {type(exc).__name__})"]
+            if steps:
                 found.append((statement, where, steps))
     return found
 

@@ -16,6 +16,8 @@ import pytest
 from sqlalchemy import Engine, event
 from tests.api.inprocess import InProcessCloud, in_process_cloud
 
+from stowage.ledger.db import sqlite_scans
+
 
 def _boot(cloud: InProcessCloud, names: list[str], network: str) -> list[str]:
     """Create these servers, each with a port on `network`, and wait until all are ACTIVE."""
@@ -58,9 +60,8 @@ def _scans(engine: Engine, executed: dict[str, Any]) -> dict[str, list[str]]:
         for statement, params in executed.items():
             if statement.split()[0].upper() not in ("SELECT", "UPDATE", "DELETE"):
                 continue
-            plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params).all()
-            steps = [str(row[-1]) for row in plan]
-            if any(s.startswith("SCAN ") and "CONSTANT ROW" not in s for s in steps):
+            steps = sqlite_scans(conn, statement, params)
+            if steps:
                 scans[" ".join(statement.split())] = steps
     return scans
 

@@ -27,6 +27,7 @@ __all__ = [
     "default_url",
     "make_engine",
     "migrate",
+    "sqlite_scans",
     "sqlite_url",
 ]
 
@@ -45,6 +46,18 @@ log = logging.getLogger(__name__)
 
 def sqlite_url(path: Path | str) -> str:
     return f"sqlite:///{Path(path).resolve()}"
+
+
+def sqlite_scans(conn: Connection, statement: str, params: Any) -> list[str]:
+    """SQLite's plan of `statement` with `params`: its steps if one reads a whole table or
+    index (`SCAN t`, a walk of a covering index included), else none. A scan costs nothing
+    in a small ledger and grows with it, and the rows a statement returns do not show it
+    (bench/statements.py --plans, tests/api/test_boot_plans.py)."""
+    plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params).all()
+    steps = [str(row[-1]) for row in plan]
+    if any(s.startswith("SCAN ") and "CONSTANT ROW" not in s for s in steps):
+        return steps
+    return []
 
 
 def default_url(state_dir: Path | str) -> str:
