@@ -180,10 +180,16 @@ def main() -> None:
         action="store_true",
         help="SQLite's plan of every statement the boots ran: print those that scan a table",
     )
+    parser.add_argument(
+        "--group-writes",
+        action="store_true",
+        help="as `stowage up` writes: the creates and ended spawns of one moment in one commit",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="stowage-bench-statements-"))
     ledger = Ledger.open(args.db or f"sqlite:///{work / 'ledger.db'}")
-    cloud = Cloud(CloudConfig(state_dir=work / "state", hosts=4), ledger)
+    config = CloudConfig(state_dir=work / "state", hosts=4, group_writes=args.group_writes)
+    cloud = Cloud(config, ledger)
     bootstrap(cloud)
     counting = [False]
     kinds: collections.Counter[str] = collections.Counter()

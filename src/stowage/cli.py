@@ -429,6 +429,7 @@ def up(
         host_ip=host_ip,
         resume_guests_state_on_host_boot=resume_guests_state_on_host_boot,
         scheduler_freeze_view=True,
+        group_writes=True,
     )
     if topology is not None:
         from stowage.domain.errors import InvalidSpec

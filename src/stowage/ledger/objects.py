@@ -5,12 +5,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
+import queue
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import (
@@ -33,6 +37,10 @@ from stowage.ledger.db import READONLY
 from stowage.ledger.schema import objects
 
 __all__ = ["Document", "NewDocument", "ObjectStore", "decode_body"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 # The most frequent read of all (a flavor, an image, a token's user and project: several per
@@ -124,10 +132,17 @@ class ObjectStore:
     """The body field each kind's `ref` column copies (indexed: `list(kind, ref=...)`). Every
     write of this store sets it from the body it writes, so it can never disagree with it."""
 
-    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        clock: Callable[[], float] = time.time,
+        group_writes: bool = False,
+    ) -> None:
         self.engine = engine
         self.clock = clock
         self._watchers: list[tuple[frozenset[str], Callable[[], None]]] = []
+        self._group = _GroupWriter(self) if group_writes else None
 
     def watch(self, kinds: Iterable[str], changed: Callable[[], None]) -> None:
         """Call `changed()` whenever this store writes a document of one of `kinds`: as the
@@ -174,6 +189,24 @@ class ObjectStore:
                 _HELD.reset(token)
         for kind in kinds:
             self._changed(kind)
+
+    def write_together(self, work: Callable[[Connection], T]) -> T:
+        """`work(conn)` inside a write transaction, as `with writing() as conn` would run it,
+        and its value once that transaction has committed; its exception if it raised (then
+        nothing it wrote is kept).
+
+        With `group_writes` (a SQLite ledger, whose writers take turns at one lock anyway),
+        the work of callers that ask at the same moment runs in one transaction, each in a
+        savepoint of its own, on the store's writer thread: one BEGIN, one COMMIT and one
+        write of each page they share for all of them, and one turn at the lock. A work that
+        raises undoes only its own savepoint; a commit that fails runs each work again in a
+        transaction of its own. `work` must do nothing but its reads and writes on `conn`
+        (it may run twice, and in another thread): what follows the commit, its caller does.
+        Inside an open `writing()`, it joins that transaction."""
+        if self._group is None or self._held() is not None:
+            with self.writing() as conn:
+                return work(conn)
+        return self._group.run(work)
 
     def _held(self) -> _Held | None:
         held = _HELD.get()
@@ -512,3 +545,91 @@ def decode_body(text: str) -> Any:
 
 
 _LONG_DIGITS = re.compile(r"\d{19}")
+
+
+class _GroupWriter:
+    """The writer thread of `ObjectStore.write_together`: it takes what is waiting (up to
+    `most` works), runs it in one transaction and answers each caller after the commit."""
+
+    most = 64
+
+    def __init__(self, store: ObjectStore) -> None:
+        self._store = store
+        self._waiting: queue.SimpleQueue[tuple[Callable[[Connection], Any], Future[Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._start = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def run(self, work: Callable[[Connection], T]) -> T:
+        answer: Future[T] = Future()
+        self._waiting.put((work, answer))
+        if self._thread is None:
+            with self._start:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._loop, name="stowage-group-writer", daemon=True
+                    )
+                    self._thread.start()
+        return answer.result()
+
+    def _loop(self) -> None:
+        while True:
+            batch = [self._waiting.get()]
+            while len(batch) < self.most:
+                try:
+                    batch.append(self._waiting.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._commit(batch)
+            except BaseException as exc:  # never leave a caller waiting
+                log.exception("the group writer failed a batch of %d", len(batch))
+                for _work, answer in batch:
+                    if not answer.done():
+                        answer.set_exception(exc)
+
+    def _commit(self, batch: list[tuple[Callable[[Connection], Any], Future[Any]]]) -> None:
+        store = self._store
+        done: list[tuple[Future[Any], Any, BaseException | None]] = []
+        kinds: set[str] = set()
+        try:
+            with store.engine.begin() as conn:
+                token = _HELD.set(_Held(store.engine, conn, True, kinds))
+                try:
+                    if len(batch) == 1:  # alone: its transaction is its savepoint
+                        answer = batch[0][1]
+                        done.append((answer, batch[0][0](conn), None))
+                    else:
+                        # Savepoints on the driver's connection: through SQLAlchemy's
+                        # `begin_nested` a pair cost about 65 us of CPU, on the driver 1 us.
+                        raw: Any = conn.connection.dbapi_connection
+                        for work, answer in batch:
+                            raw.execute("SAVEPOINT stowage_group")
+                            try:
+                                value = work(conn)
+                            except Exception as exc:
+                                raw.execute("ROLLBACK TO stowage_group")
+                                done.append((answer, None, exc))
+                            else:
+                                done.append((answer, value, None))
+                            raw.execute("RELEASE stowage_group")
+                finally:
+                    _HELD.reset(token)
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0][1].set_exception(exc)
+                return
+            # Nothing of the batch is written: each work again, alone, so that only what
+            # fails alone fails.
+            log.warning("a group commit of %d failed; each runs alone", len(batch), exc_info=True)
+            for item in batch:
+                self._commit([item])  # alone, it answers its caller whatever happens
+            return
+        for kind in kinds:
+            store._changed(kind)
+        for answer, value, failure in done:
+            if failure is None:
+                answer.set_result(value)
+            else:
+                answer.set_exception(failure)

@@ -102,6 +102,10 @@ class CloudConfig:
     # off where a process makes many clouds (tests, the simulation), whose frozen cycles
     # would never be collected.
     scheduler_freeze_view: bool = False
+    # (ObjectStore(group_writes=True)): on a SQLite ledger, the write transactions that ask at
+    # one moment (creates, finished spawns) commit as one, each in a savepoint; on for `stowage
+    # up`, off where a test or the simulation needs each write on its own caller's thread.
+    group_writes: bool = False
 
     @property
     def base_url(self) -> str:
@@ -117,7 +121,11 @@ class Cloud:
         self.config = config
         self.ledger = ledger
         self.clock = clock
-        self.objects = ObjectStore(ledger.engine, clock=clock)
+        self.objects = ObjectStore(
+            ledger.engine,
+            clock=clock,
+            group_writes=config.group_writes and ledger.engine.dialect.name == "sqlite",
+        )
         self.tokens = Tokens(_token_key(config.state_dir), clock=clock)
         # What validated tokens said, dropped on any change to what validation reads.
         self.validated_tokens = ValidationCache()

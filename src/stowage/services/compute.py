@@ -256,58 +256,66 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
 def _build_in_one_commit(
     cloud: Cloud, build: BuildRequest, request_id: str, *, exclusive: bool
 ) -> list[dict[str, Any]]:
+    # One write transaction whose store reads (a volume's image or snapshot, its type) join
+    # it rather than take a second connection while it holds the write; on `stowage up`, one
+    # with the other creates of the moment (`ObjectStore.write_together`).
+    return cloud.objects.write_together(
+        lambda conn: _build_in(cloud, conn, build, request_id, exclusive=exclusive)
+    )
+
+
+def _build_in(
+    cloud: Cloud, conn: Connection, build: BuildRequest, request_id: str, *, exclusive: bool
+) -> list[dict[str, Any]]:
     reservation = "r-" + uuid.uuid4().hex[:8]
     docs: list[dict[str, Any]] = []
     made: list[NewDocument] = []
-    # One write transaction whose store reads (a volume's image or snapshot, its type) join
-    # it rather than take a second connection while it holds the write.
-    with cloud.objects.writing() as conn:
-        count = quotas.reserve_instances(
-            cloud,
-            conn,
-            project_id=build.project_id,
-            user_id=build.user_id,
-            flavor=build.flavor,
-            min_count=build.min_count,
-            max_count=build.max_count,
-            group_id=build.group_id,
-            exclusive=exclusive,
-        )
-        for index in range(count):
-            body = _new_instance(build, reservation, index, count)
-            if build.block_devices:
-                # The instance's volumes (made, or reserved) commit with it: quota, storage
-                # claim and attachment; the conductor's spawn drives the new ones first.
-                devices = server_volumes.prepare_block_devices(
-                    cloud, conn, _BuildCaller(build), body["id"], build.block_devices
-                )
-                body["block_devices"] = devices
-                if server_volumes.boots_from_volume(devices):
-                    body["boot_from_volume"] = True
-                    body["image_id"] = ""
-            made.append(NewDocument("instance", body["id"], body, build.project_id, body["name"]))
-            made.append(
-                _action_document(body["id"], "create", build.user_id, build.project_id, request_id)
+    count = quotas.reserve_instances(
+        cloud,
+        conn,
+        project_id=build.project_id,
+        user_id=build.user_id,
+        flavor=build.flavor,
+        min_count=build.min_count,
+        max_count=build.max_count,
+        group_id=build.group_id,
+        exclusive=exclusive,
+    )
+    for index in range(count):
+        body = _new_instance(build, reservation, index, count)
+        if build.block_devices:
+            # The instance's volumes (made, or reserved) commit with it: quota, storage
+            # claim and attachment; the conductor's spawn drives the new ones first.
+            devices = server_volumes.prepare_block_devices(
+                cloud, conn, _BuildCaller(build), body["id"], build.block_devices
             )
-            docs.append(body)
-        cloud.objects.create_each_in(conn, made)  # the instances and their actions: one insert
-        cloud.operations.enqueue(
-            "build",
-            docs[0]["id"],
-            "",
-            step="schedule",
-            payload={
-                "instances": [d["id"] for d in docs],
-                "min_count": min(build.min_count, count),
-                "request_id": request_id,
-                "force_host": build.force_host,
-                "same_host": build.same_host,
-                "different_host": build.different_host,
-                "image_properties": build.image_properties,
-                "is_admin": build.is_admin,
-            },
-            conn=conn,
+            body["block_devices"] = devices
+            if server_volumes.boots_from_volume(devices):
+                body["boot_from_volume"] = True
+                body["image_id"] = ""
+        made.append(NewDocument("instance", body["id"], body, build.project_id, body["name"]))
+        made.append(
+            _action_document(body["id"], "create", build.user_id, build.project_id, request_id)
         )
+        docs.append(body)
+    cloud.objects.create_each_in(conn, made)  # the instances and their actions: one insert
+    cloud.operations.enqueue(
+        "build",
+        docs[0]["id"],
+        "",
+        step="schedule",
+        payload={
+            "instances": [d["id"] for d in docs],
+            "min_count": min(build.min_count, count),
+            "request_id": request_id,
+            "force_host": build.force_host,
+            "same_host": build.same_host,
+            "different_host": build.different_host,
+            "image_properties": build.image_properties,
+            "is_admin": build.is_admin,
+        },
+        conn=conn,
+    )
     return docs
 
 

@@ -632,8 +632,9 @@ class Conductor:
             from stowage.services.shelve import drop_image_data, drop_shelved_image_in
 
             # The instance is read in the commit that writes it (one transaction, and the
-            # swap needs no second read of it).
-            with cloud.ledger.engine.begin() as conn:
+            # swap needs no second read of it); on `stowage up`, one with the other spawns
+            # that ended at the same moment (`ObjectStore.write_together`).
+            def active(conn: Connection) -> Any:
                 found = cloud.objects.find_in(conn, "instance", op.instance_id)
                 if found is None:
                     raise NotFound(f"instance {op.instance_id} is gone")
@@ -652,6 +653,9 @@ class Conductor:
                 self.ops.advance(conn, op.id, state="done", result=reply)
                 shelved = drop_shelved_image_in(cloud, conn, before)
                 _event(cloud, op, body, "Success", None, conn=conn)
+                return shelved
+
+            shelved = cloud.objects.write_together(active)
             self._ended_here[op.id] = "done"
             drop_image_data(cloud, shelved)
             return

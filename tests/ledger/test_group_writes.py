@@ -1,0 +1,213 @@
+"""`ObjectStore.write_together` with group writes (`stowage up`'s SQLite ledger): the works that
+ask at one moment commit in one transaction, each in a savepoint, and each caller gets its own
+answer once the commit is made: its value, or its own exception with nothing of it written."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, event
+
+from stowage.domain.errors import ConflictError
+from stowage.ledger import Ledger
+from stowage.ledger.objects import ObjectStore
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    ledger = Ledger.open(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+
+
+def _commits(ledger: Ledger) -> list[int]:
+    made: list[int] = []
+
+    @event.listens_for(ledger.engine, "commit")
+    def _count(_conn: object) -> None:
+        made.append(1)
+
+    return made
+
+
+def _held_writer(store: ObjectStore) -> tuple[threading.Event, threading.Thread]:
+    """A first work that holds the writer thread until the returned event is set, so that
+    what is asked meanwhile waits and goes in the next group."""
+    release = threading.Event()
+    holding = threading.Event()
+
+    def hold(conn: Connection) -> None:
+        store.create_in(conn, "thing", "first", {})
+        holding.set()
+        assert release.wait(30)
+
+    first = threading.Thread(target=store.write_together, args=(hold,))
+    first.start()
+    assert holding.wait(30), "the writer did not start the first work"
+    return release, first
+
+
+def _asked(store: ObjectStore, works: list[Callable[[Connection], Any]]) -> list[Any]:
+    """Each of `works` asked from a thread of its own while the writer is held, then the
+    writer released; each one's answer, or the exception it got."""
+    release, first = _held_writer(store)
+    group = store._group
+    assert group is not None
+    with ThreadPoolExecutor(len(works)) as pool:
+        try:
+            asked = [pool.submit(store.write_together, work) for work in works]
+            deadline = time.monotonic() + 30
+            while group._waiting.qsize() < len(works):
+                assert time.monotonic() < deadline, "the works were not all asked"
+                time.sleep(0.01)
+        finally:
+            release.set()
+            first.join(30)
+        answers: list[Any] = []
+        for future in asked:
+            try:
+                answers.append(future.result(30))
+            except Exception as exc:
+                answers.append(exc)
+    return answers
+
+
+def test_the_works_of_one_moment_commit_in_one_transaction(ledger: Ledger) -> None:
+    store = ObjectStore(ledger.engine, group_writes=True)
+    commits = _commits(ledger)
+
+    def make(n: int) -> Callable[[Connection], Any]:
+        return lambda conn: store.create_in(conn, "thing", f"t{n}", {"n": n}).id
+
+    answers = _asked(store, [make(n) for n in range(10)])
+    assert answers == [f"t{n}" for n in range(10)]
+    # The first work's commit, then one for the ten that waited for it.
+    assert len(commits) == 2
+    assert sorted(store.ids("thing")) == sorted(["first", *(f"t{n}" for n in range(10))])
+
+
+def test_a_work_that_fails_undoes_only_itself(ledger: Ledger) -> None:
+    store = ObjectStore(ledger.engine, group_writes=True)
+    store.create("thing", "taken", {})
+
+    def good(n: int) -> Callable[[Connection], Any]:
+        return lambda conn: store.create_in(conn, "thing", f"ok{n}", {}).id
+
+    def bad(conn: Connection) -> None:
+        store.create_in(conn, "thing", "half", {})  # written, then undone with its savepoint
+        raise ConflictError("this one fails")
+
+    def duplicate(conn: Connection) -> None:
+        store.create("thing", "taken", {})  # the database refuses it: a ConflictError too
+
+    answers = _asked(store, [good(0), bad, good(1), duplicate, good(2)])
+    assert answers[0] == "ok0" and answers[2] == "ok1" and answers[4] == "ok2"
+    assert isinstance(answers[1], ConflictError) and "this one fails" in str(answers[1])
+    assert isinstance(answers[3], ConflictError)
+    assert store.find("thing", "half") is None
+    assert sorted(store.ids("thing")) == ["first", "ok0", "ok1", "ok2", "taken"]
+
+
+def test_a_failed_commit_runs_each_work_again_alone(ledger: Ledger) -> None:
+    store = ObjectStore(ledger.engine, group_writes=True)
+    refused: list[int] = []
+
+    @event.listens_for(ledger.engine, "commit")
+    def _refuse_a_group(conn: Connection) -> None:
+        # The group's commit (the one with more than the first work's document) fails once.
+        if not refused and conn.exec_driver_sql("SELECT count(*) FROM objects").scalar() > 1:
+            refused.append(1)
+            raise RuntimeError("the disk is full")
+
+    def make(n: int) -> Callable[[Connection], Any]:
+        return lambda conn: store.create_in(conn, "thing", f"t{n}", {"n": n}).id
+
+    answers = _asked(store, [make(n) for n in range(4)])
+    assert refused == [1]
+    assert answers == ["t0", "t1", "t2", "t3"]
+    assert sorted(store.ids("thing")) == ["first", "t0", "t1", "t2", "t3"]
+
+
+def test_the_answer_comes_after_the_commit(ledger: Ledger) -> None:
+    """What a caller gets back is committed: another connection reads it at once."""
+    store = ObjectStore(ledger.engine, group_writes=True)
+    other = ObjectStore(ledger.engine)
+    for n in range(20):
+        store.write_together(lambda conn, n=n: store.create_in(conn, "thing", f"t{n}", {}))
+        assert other.find("thing", f"t{n}") is not None
+
+
+def test_inside_an_open_write_it_joins_that_transaction(ledger: Ledger) -> None:
+    store = ObjectStore(ledger.engine, group_writes=True)
+    with pytest.raises(ConflictError), store.writing() as conn:
+        store.create_in(conn, "thing", "outer", {})
+        store.write_together(lambda inner: store.create_in(inner, "thing", "inner", {}))
+        assert store.find("thing", "inner") is not None  # seen in the same transaction
+        raise ConflictError("the outer write fails")
+    assert store.find("thing", "outer") is None
+    assert store.find("thing", "inner") is None
+    assert store._group is not None and store._group._thread is None  # never needed
+
+
+def test_without_group_writes_each_work_commits_on_its_own_thread(ledger: Ledger) -> None:
+    store = ObjectStore(ledger.engine)
+    commits = _commits(ledger)
+    threads: list[str] = []
+
+    def work(conn: Connection) -> None:
+        threads.append(threading.current_thread().name)
+        store.create_in(conn, "thing", f"t{len(threads)}", {})
+
+    store.write_together(work)
+    store.write_together(work)
+    assert threads == [threading.current_thread().name] * 2
+    assert len(commits) == 2
+
+
+def test_creates_of_one_group_count_each_other_against_the_quota(tmp_path: Path) -> None:
+    """Twelve creates of one project, one server each, asked while the writer is held so that
+    they commit as one group, against a limit of 5 instances: each counts what the ones before
+    it in the group made, so 5 are made and 7 refused, as one at a time would have it."""
+    from tests.agent.test_use_cases import instance_count, open_cloud, request
+
+    from stowage.domain.errors import QuotaExceeded
+    from stowage.services.compute import build_servers
+
+    cloud = open_cloud(f"sqlite:///{tmp_path / 'ledger.db'}", tmp_path / "state", group_writes=True)
+    try:
+        cloud.objects.create("quota", "p", {"instances": 5, "cores": -1, "ram": -1})
+        store = cloud.objects
+        group = store._group
+        assert group is not None
+        release, first = _held_writer(store)
+        with ThreadPoolExecutor(12) as pool:
+            try:
+                asked = [
+                    pool.submit(build_servers, cloud, request(1), f"req-{n}") for n in range(12)
+                ]
+                deadline = time.monotonic() + 30
+                while group._waiting.qsize() < 12:
+                    assert time.monotonic() < deadline, "the creates were not all asked"
+                    time.sleep(0.01)
+            finally:
+                release.set()
+                first.join(30)
+            made = refused = 0
+            for future in asked:
+                try:
+                    future.result(30)
+                    made += 1
+                except QuotaExceeded:
+                    refused += 1
+        assert (made, refused) == (5, 7)
+        assert instance_count(cloud) == 5
+    finally:
+        cloud.ledger.close()
