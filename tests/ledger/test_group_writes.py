@@ -4,6 +4,7 @@ answer once the commit is made: its value, or its own exception with nothing of 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,14 +59,20 @@ def _held_writer(store: ObjectStore) -> tuple[threading.Event, threading.Thread]
 def _asked(store: ObjectStore, works: list[Callable[[Connection], Any]]) -> list[Any]:
     """Each of `works` asked from a thread of its own while the writer is held, then the
     writer released; each one's answer, or the exception it got."""
+    return _called(store, [functools.partial(store.write_together, work) for work in works])
+
+
+def _called(store: ObjectStore, calls: list[Callable[[], Any]]) -> list[Any]:
+    """Each of `calls` (each asking the writer for one work) made from a thread of its own
+    while the writer is held, then the writer released; each one's answer or exception."""
     release, first = _held_writer(store)
     group = store._group
     assert group is not None
-    with ThreadPoolExecutor(len(works)) as pool:
+    with ThreadPoolExecutor(len(calls)) as pool:
         try:
-            asked = [pool.submit(store.write_together, work) for work in works]
+            asked = [pool.submit(call) for call in calls]
             deadline = time.monotonic() + 30
-            while group._waiting.qsize() < len(works):
+            while group._waiting.qsize() < len(calls):
                 assert time.monotonic() < deadline, "the works were not all asked"
                 time.sleep(0.01)
         finally:
@@ -184,30 +191,13 @@ def test_creates_of_one_group_count_each_other_against_the_quota(tmp_path: Path)
     cloud = open_cloud(f"sqlite:///{tmp_path / 'ledger.db'}", tmp_path / "state", group_writes=True)
     try:
         cloud.objects.create("quota", "p", {"instances": 5, "cores": -1, "ram": -1})
-        store = cloud.objects
-        group = store._group
-        assert group is not None
-        release, first = _held_writer(store)
-        with ThreadPoolExecutor(12) as pool:
-            try:
-                asked = [
-                    pool.submit(build_servers, cloud, request(1), f"req-{n}") for n in range(12)
-                ]
-                deadline = time.monotonic() + 30
-                while group._waiting.qsize() < 12:
-                    assert time.monotonic() < deadline, "the creates were not all asked"
-                    time.sleep(0.01)
-            finally:
-                release.set()
-                first.join(30)
-            made = refused = 0
-            for future in asked:
-                try:
-                    future.result(30)
-                    made += 1
-                except QuotaExceeded:
-                    refused += 1
-        assert (made, refused) == (5, 7)
+        answers = _called(
+            cloud.objects,
+            [functools.partial(build_servers, cloud, request(1), f"req-{n}") for n in range(12)],
+        )
+        made = [a for a in answers if isinstance(a, list)]
+        refused = [a for a in answers if isinstance(a, QuotaExceeded)]
+        assert (len(made), len(refused)) == (5, 7)
         assert instance_count(cloud) == 5
     finally:
         cloud.ledger.close()

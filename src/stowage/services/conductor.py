@@ -634,7 +634,7 @@ class Conductor:
             # The instance is read in the commit that writes it (one transaction, and the
             # swap needs no second read of it); on `stowage up`, one with the other spawns
             # that ended at the same moment (`ObjectStore.write_together`).
-            def active(conn: Connection) -> Any:
+            def active(conn: Connection) -> str | None:
                 found = cloud.objects.find_in(conn, "instance", op.instance_id)
                 if found is None:
                     raise NotFound(f"instance {op.instance_id} is gone")
