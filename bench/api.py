@@ -43,6 +43,11 @@ while the creates run and prints each one's heaviest functions by inclusive shar
     .venv/bin/python bench/api.py --production --hosts 6 --api-workers 2 --conductors 2 \
         --servers 2000 --profile /tmp/profiles
 
+With `--holds` it prints, for each process of the cloud, how long it held SQLite's write
+lock while booting, how much of that time the holding thread was on a core (the rest it waited
+for the GIL or for a core, with the lock held), and the places that held it longest
+(`STOWAGE_WRITER_TALLY`, stowage.ledger.db).
+
 With `--threads` it also prints where `stowage up`'s CPU goes by kind of thread, user and
 system time read from /proc per thread (names from `py-spy dump`): a sampling profile with
 `--gil` credits the thread that holds the GIL when sampled, which under-counts threads that
@@ -75,6 +80,7 @@ import yaml
 from sqlalchemy import bindparam, create_engine, text
 
 from stowage.domain.keystone import password_login
+from stowage.ledger.db import TALLY_ENV
 from stowage.ledger.operations import ACTIVE_STATES
 
 BIN = Path(sys.executable).parent
@@ -601,6 +607,60 @@ def make_network(base: str, tok: str, project: str) -> str:
     return network_id
 
 
+class Holds:
+    """The write lock's holds (`--holds`), from the files the cloud's processes write
+    (stowage.ledger.db's `_HoldTally`): what each process held it for from `start` to
+    `report`, and how much of that its holding thread spent on a core."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self.before: dict[str, dict[str, dict[str, float]]] = {}
+
+    def read(self) -> dict[str, dict[str, dict[str, float]]]:
+        if self.folder is None or not self.folder.exists():
+            return {}
+        return {
+            path.stem.removeprefix("writer-holds-"): json.loads(path.read_text())
+            for path in sorted(self.folder.glob("writer-holds-*.json"))
+        }
+
+    def start(self) -> None:
+        if self.folder is not None:
+            time.sleep(3 * 0.2)  # what the processes tallied last, written
+        self.before = self.read()
+
+    def report(self, seconds: float, boots: int) -> list[str]:
+        """A line for each process: the lock held (seconds, share of `seconds`, ms a boot),
+        the holder's CPU in it, and its heaviest places."""
+        if self.folder is None:
+            return []
+        time.sleep(3 * 0.2)  # each process writes its tally every 0.2 s while it changes
+        lines = []
+        for pid, sites in self.read().items():
+            was = self.before.get(pid, {})
+            now = {
+                site: {k: v - was.get(site, {}).get(k, 0.0) for k, v in tally.items()}
+                for site, tally in sites.items()
+            }
+            held = sum(t["held_s"] for t in now.values())
+            if held <= 0:
+                continue
+            cpu = sum(t["cpu_s"] for t in now.values())
+            top = sorted(now.items(), key=lambda kv: -kv[1]["held_s"])[:4]
+            lines.append(
+                f"write lock held by process {pid}: {held:.2f} s ({held / seconds:.0%} of the "
+                f"run, {held / boots * 1e3:.2f} ms a boot), on a core {cpu / held:.0%} of it; "
+                + "; ".join(
+                    f"{site}: {int(t['holds'])} holds, {t['held_s'] / t['holds'] * 1e3:.2f} ms "
+                    f"each, {t['cpu_s'] / t['held_s']:.0%} on a core, waited "
+                    f"{t['waited_s']:.2f} s"
+                    for site, t in top
+                    if t["holds"] > 0 and t["held_s"] > 0
+                )
+            )
+        return lines
+
+
 class Profiles:
     """py-spy recordings (GIL-holding samples, raw collapsed stacks) of one process of each
     kind, from `start` to `stop`; `report` prints each kind's heaviest functions."""
@@ -690,10 +750,16 @@ def run(
     work = Path(tempfile.mkdtemp(prefix="stowage-bench-api-"))
     state = work / "state"
     schema = None
-    if args.production:
-        cloud, schema = start_production(state, args, src)
-    else:
-        cloud = start(state, args.hosts, src, compute_process=compute_process)
+    holds = Holds(work / "holds" if args.holds else None)
+    if holds.folder is not None:  # the cloud's processes tally their holds of the write lock
+        os.environ[TALLY_ENV] = str(holds.folder)
+    try:
+        if args.production:
+            cloud, schema = start_production(state, args, src)
+        else:
+            cloud = start(state, args.hosts, src, compute_process=compute_process)
+    finally:
+        os.environ.pop(TALLY_ENV, None)
     base = cloud.base
     profiles = Profiles(args.profile, cloud)
     threads = Threads(args.threads, cloud)
@@ -755,6 +821,7 @@ def run(
             counts = statuses(cloud)
             return counts.get("ACTIVE", 0) + counts.get("ERROR", 0) >= args.servers
 
+        holds.start()
         cpu0 = snapshot()
         profiles.start(label)
         threads.start()
@@ -769,6 +836,7 @@ def run(
         total_s = time.perf_counter() - start_t
         boot_cpu, boot_services, boot_machine, boot_kinds = cpu_since(cpu0, total_s, args.servers)
         rest_threads = threads.report(total_s - create_s)
+        held = holds.report(total_s, args.servers)
         profiles.stop(say, label)
         counts = statuses(cloud)
         refused = sum(1 for x in lat if x < 0)
@@ -799,6 +867,8 @@ def run(
             f"({total_s:.1f} s; {counts}); CPU {boot_kinds}; all of it "
             f"{figures['boot_cores']:4.2f} cores, {figures['boot_server_cpu_ms']:.1f} ms per boot"
         )
+        for line in held:
+            say(line)
 
         best = float("inf")
         for _ in range(3):  # the best of three: the machine is shared
@@ -929,6 +999,12 @@ def main() -> None:
         "--profile",
         type=Path,
         help="record a py-spy profile of each process kind during the creates into this folder",
+    )
+    parser.add_argument(
+        "--holds",
+        action="store_true",
+        help="print, for each process, how long it held SQLite's write lock while booting, "
+        "how much of that its holding thread was on a core, and where (stowage up)",
     )
     parser.add_argument(
         "--compute-process",

@@ -169,3 +169,44 @@ def test_writers_of_two_processes_all_commit(engine: Engine, tmp_path: Path) -> 
     with engine.connect().execution_options(**READONLY) as conn:
         counted = dict(conn.execute(text("SELECT writer, count(*) FROM n GROUP BY writer")).all())
     assert counted == {6: 200, 7: 200}
+
+
+def test_the_tally_names_where_each_write_began_and_how_long_it_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With STOWAGE_WRITER_TALLY set, the gate writes, per process, each place's holds of the
+    write lock: their count, the seconds held (at least the sleep inside), the holder's CPU
+    in them (not the sleep) and the seconds waited; reads are not counted."""
+    import json
+    import time
+
+    from stowage.ledger.db import TALLY_ENV
+
+    folder = tmp_path / "holds"
+    monkeypatch.setenv(TALLY_ENV, str(folder))
+    engine = make_engine(sqlite_url(tmp_path / "tallied.db"))
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE n (i INTEGER)"))
+
+    def slow_writer() -> None:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO n VALUES (1)"))
+            time.sleep(0.3)  # held, not on a core
+
+    slow_writer()
+    with engine.connect().execution_options(**READONLY) as conn:
+        conn.execute(text("SELECT count(*) FROM n")).scalar()
+    slow_writer()
+    engine.dispose()
+    time.sleep(3 * 0.2)  # the tally's thread writes what changed every 0.2 s
+    files = list(folder.glob("writer-holds-*.json"))
+    assert [f.name for f in files] == [f"writer-holds-{__import__('os').getpid()}.json"]
+    sites = json.loads(files[0].read_text())
+    (site,) = [s for s in sites if "slow_writer" in s]
+    assert "test_writer_gate.py" in site
+    tally = sites[site]
+    assert tally["holds"] == 2
+    assert tally["held_s"] >= 0.6
+    assert 0 <= tally["cpu_s"] < 0.3
+    assert tally["waited_s"] >= 0
+    assert sum(t["holds"] for t in sites.values()) == 3  # the CREATE TABLE's, and no read

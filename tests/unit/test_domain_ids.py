@@ -58,3 +58,59 @@ def test_ids_drawn_from_a_source_replay_the_same() -> None:
     first = run()
     assert first == run() == sorted(first)
     assert new_id() not in first  # the system's source again after the block
+
+
+def test_ids_read_the_random_source_a_page_at_a_time(monkeypatch: object) -> None:
+    """Each read of os.urandom lets go of the GIL inside the ledger's write transaction:
+    a create's ids take their bits from one page read (one read per ~400 ids, not one each)."""
+    import os
+
+    import pytest
+
+    from stowage.domain import ids
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    reads: list[int] = []
+    real = os.urandom
+
+    def counted(n: int) -> bytes:
+        reads.append(n)
+        return real(n)
+
+    monkeypatch.setattr(ids, "_urandom", ids._Urandom())
+    monkeypatch.setattr(os, "urandom", counted)
+    made = {new_uuid() for _ in range(400)}
+    assert len(made) == 400
+    assert len(reads) == 1, reads
+    assert {m.version for m in made} == {7}
+
+
+def test_random_bits_stay_in_range_and_vary() -> None:
+    from stowage.domain.ids import random_bits
+
+    drawn = [random_bits(12) for _ in range(2000)]
+    assert all(0 <= d < 1 << 12 for d in drawn)
+    assert max(drawn) >= 1 << 11  # the top bit is drawn, not shifted away
+    assert len(set(drawn)) > 1000
+    assert all(0 <= random_bits(80) < 1 << 80 for _ in range(100))
+
+
+def test_a_forked_child_draws_other_bits_than_its_parent() -> None:
+    """A child forked with part of a page in hand must not hand out the parent's next bytes:
+    the two would make the same ids in the same millisecond."""
+    import os
+
+    from stowage.domain.ids import random_bits
+
+    random_bits(8)  # a page is held
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next 64 bits, to the parent
+        os.close(read_end)
+        os.write(write_end, random_bits(64).to_bytes(8, "big"))
+        os._exit(0)
+    os.close(write_end)
+    child = int.from_bytes(os.read(read_end, 8), "big")
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    assert random_bits(64) != child

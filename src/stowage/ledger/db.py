@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import re
 import sqlite3
+import sys
+import sysconfig
 import threading
+import time
 import weakref
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any, ClassVar
 
 import greenlet
@@ -22,6 +27,7 @@ from sqlalchemy.exc import DBAPIError
 __all__ = [
     "GUARD_ENV",
     "READONLY",
+    "TALLY_ENV",
     "NamedLock",
     "NestedTransaction",
     "default_url",
@@ -34,6 +40,10 @@ __all__ = [
 # Execution option for read transactions: on SQLite they begin DEFERRED and do not wait
 # for the writer lock; on PostgreSQL they send no BEGIN and no ROLLBACK (`_ReadStatements`).
 READONLY = {"stowage_readonly": True}
+
+# A folder: each process's writer gate tallies its holds of a SQLite ledger's write lock
+# there, by where the transaction began (`_HoldTally`; bench/api.py --holds reads it).
+TALLY_ENV = "STOWAGE_WRITER_TALLY"
 
 # Set (to anything but "" or "0") by the test suite: engines made meanwhile raise
 # NestedTransaction where a thread opens a second connection inside an open transaction.
@@ -255,6 +265,8 @@ class _WriterGate:
         self._lock = threading.RLock()
         self._holders: set[int] = set()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600) if path is not None else None
+        folder = os.environ.get(TALLY_ENV)
+        self._tally = _HoldTally(Path(folder)) if folder else None
 
     @classmethod
     def of(cls, engine: Engine) -> _WriterGate:
@@ -269,16 +281,21 @@ class _WriterGate:
         return gate
 
     def enter(self, raw: Any) -> None:
+        asked = time.perf_counter() if self._tally is not None else 0.0
         if self._lock.acquire(timeout=self.wait_s):
             self._holders.add(id(raw))
             if self._fd is not None and len(self._holders) == 1:
                 fcntl.flock(self._fd, fcntl.LOCK_EX)  # waits with the GIL released
+            if self._tally is not None and len(self._holders) == 1:
+                self._tally.taken(raw, asked)
 
     def leave(self, raw: Any) -> None:
         if id(raw) in self._holders:
             self._holders.discard(id(raw))
             if self._fd is not None and not self._holders:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
+            if self._tally is not None:
+                self._tally.let_go(raw)
             self._lock.release()
 
     def _wrap(self, dialect: Any) -> None:
@@ -299,6 +316,74 @@ class _WriterGate:
                         self.leave(raw)
 
             setattr(dialect, name, ended)
+
+
+class _HoldTally:
+    """A profile of the write lock (`TALLY_ENV`): for each place a write transaction began
+    (the first two frames above the ledger's plumbing, or the thread's name), how many holds,
+    the seconds held, the holding thread's CPU seconds within them (the rest it waited: for
+    the GIL, for a core), and the seconds waited for the lock. A thread of its own writes it
+    to `<folder>/writer-holds-<pid>.json` every 0.2 s while it changes."""
+
+    every_s = 0.2
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self._path = folder / f"writer-holds-{os.getpid()}.json"
+        self._held: dict[int, tuple[float, float, float, str]] = {}
+        self._sites: dict[str, list[float]] = {}
+        self._changed = threading.Event()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._write, name="stowage-writer-tally", daemon=True).start()
+
+    def taken(self, raw: Any, asked: float) -> None:
+        now = time.perf_counter()
+        self._held[id(raw)] = (asked, now, time.thread_time(), _site())
+
+    def let_go(self, raw: Any) -> None:
+        held = self._held.pop(id(raw), None)
+        if held is None:
+            return
+        asked, taken, cpu, site = held
+        with self._lock:
+            tally = self._sites.setdefault(site, [0, 0.0, 0.0, 0.0])
+            tally[0] += 1
+            tally[1] += time.perf_counter() - taken
+            tally[2] += time.thread_time() - cpu
+            tally[3] += taken - asked
+        self._changed.set()
+
+    def _write(self) -> None:
+        keys = ("holds", "held_s", "cpu_s", "waited_s")
+        while True:
+            self._changed.wait()
+            self._changed.clear()
+            with self._lock:
+                sites = {k: dict(zip(keys, v, strict=True)) for k, v in self._sites.items()}
+            part = self._path.with_suffix(".part")
+            part.write_text(json.dumps(sites))
+            part.replace(self._path)
+            time.sleep(self.every_s)
+
+
+_PLUMBING = ("/stowage/ledger/db.py", "/stowage/ledger/objects.py")
+_LIBRARIES = tuple(
+    {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+
+
+def _site() -> str:
+    """Where the write transaction being begun was asked for (see `_HoldTally`): the first
+    two frames that are neither the ledger's plumbing nor a library's."""
+    frame: FrameType | None = sys._getframe(3)
+    names: list[str] = []
+    while frame is not None and len(names) < 2:
+        path = frame.f_code.co_filename
+        if not path.startswith(("<", *_LIBRARIES)) and not path.endswith(_PLUMBING):
+            where = path.rsplit("/stowage/", 1)[1] if "/stowage/" in path else Path(path).name
+            names.append(f"{frame.f_code.co_qualname} ({where})")
+        frame = frame.f_back
+    return " < ".join(names) or threading.current_thread().name
 
 
 def _ended(raw: Any) -> bool:

@@ -600,6 +600,9 @@ class _GroupWriter:
                 else:
                     # Savepoints on the driver's connection: through SQLAlchemy's
                     # `begin_nested` a pair cost about 65 us of CPU, on the driver 1 us.
+                    # Each is released before the next opens: a group of savepoints left
+                    # open inside each other (names need not be unique) was 40-50% slower
+                    # to write on SQLite (2026-12-06, 11 works of 3 inserts a group).
                     raw: Any = conn.connection.dbapi_connection
                     for work, answer in batch:
                         raw.execute("SAVEPOINT stowage_group")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +12,7 @@ from sqlalchemy import Connection, select
 from stowage.domain.claims import RefusalCode
 from stowage.domain.errors import ConflictError, InvalidSpec, NotFound, StowageError
 from stowage.domain.flavor import Flavor, InstanceShape, shape_of
-from stowage.domain.ids import new_id
+from stowage.domain.ids import new_id, random_bits
 from stowage.ledger.db import READONLY
 from stowage.ledger.ledger import ClaimRefused
 from stowage.ledger.objects import Document, NewDocument
@@ -267,7 +266,7 @@ def _build_in_one_commit(
 def _build_in(
     cloud: Cloud, conn: Connection, build: BuildRequest, request_id: str, *, exclusive: bool
 ) -> list[dict[str, Any]]:
-    reservation = "r-" + uuid.uuid4().hex[:8]
+    reservation = f"r-{random_bits(32):08x}"
     docs: list[dict[str, Any]] = []
     made: list[NewDocument] = []
     count = quotas.reserve_instances(
