@@ -384,16 +384,12 @@ def up(
 
     _configure_logs(log_format, log_level, "up")
 
-    import uvicorn
-
     os.umask(0o077)  # the ledger, images, disks and keys: the owner's only, from creation
 
+    from stowage.services.cloud import CloudConfig
+    from stowage.services.runtime import open_cloud, port_is_free
     from stowage.wiring import all_in_one
     from stowage.wiring import compute_process as separate_compute
-
-    _Server = _server_class()
-    from stowage.services.cloud import CloudConfig
-    from stowage.services.runtime import open_cloud, port_is_free, write_clouds_yaml
 
     if not port_is_free(host, port):
         err.print(
@@ -455,36 +451,57 @@ def up(
             f"libvirt hosts {', '.join(libvirt_hosts.uris)} ({libvirt_hosts.virt_type}); "
             f"guest image stowage-guest = {image_id}"
         )
-    clouds = write_clouds_yaml(config)
-    console.print(f"Stowage is up at {config.base_url} (state in {config.state_dir}).")
-    console.print(
-        f"Point the openstack CLI at it:  export OS_CLIENT_CONFIG_FILE={clouds} "
-        "OS_CLOUD=stowage-admin   (or OS_CLOUD=stowage for the member)",
-        soft_wrap=True,
+    app_ = all_in_one(
+        cloud,
+        compute=(
+            separate_compute(log_format=log_format, log_level=log_level)
+            if _separate_compute(compute_process)
+            else None
+        ),
     )
-    server = _Server(
-        uvicorn.Config(
-            all_in_one(
-                cloud,
-                compute=(
-                    separate_compute(log_format=log_format, log_level=log_level)
-                    if _separate_compute(compute_process)
-                    else None
-                ),
-            ),
-            host=host,
-            port=port,
-            log_level="warning",
-            log_config=None,
-            timeout_keep_alive=KEEP_ALIVE_S,
-        )
+    _serve(config, cloud, app_, libvirt_hosts)
+
+
+def _serve(config: Any, cloud: Any, served_app: Any, libvirt_hosts: Any) -> None:
+    """`stowage up`'s last part: bind the API's port, say where the cloud is, serve."""
+    import uvicorn
+
+    from stowage.services.runtime import write_clouds_yaml
+
+    served = uvicorn.Config(
+        served_app,
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        log_config=None,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
+    # The API's port is bound now, before the app's start-up: uvicorn binds it only after,
+    # and by then the compute side's console proxies have taken ports the system chose, one
+    # of which could be this one (checked free before, not yet held).
     try:
-        server.run()
+        listening = served.bind_socket()
+    except SystemExit:  # uvicorn's way to say the bind failed (it logged why)
+        err.print(
+            f"[red]Port {config.port} on {config.host} is already in use[/red]: pass another "
+            "--port."
+        )
+        listening = None
+    try:
+        if listening is None:
+            raise typer.Exit(1)
+        clouds = write_clouds_yaml(config)
+        console.print(f"Stowage is up at {config.base_url} (state in {config.state_dir}).")
+        console.print(
+            f"Point the openstack CLI at it:  export OS_CLIENT_CONFIG_FILE={clouds} "
+            "OS_CLOUD=stowage-admin   (or OS_CLOUD=stowage for the member)",
+            soft_wrap=True,
+        )
+        _server_class()(served).run(sockets=[listening])
     finally:
         if libvirt_hosts is not None:
             libvirt_hosts.stop()
-    cloud.ledger.close()
+        cloud.ledger.close()
     console.print("Stowage stopped.")
 
 

@@ -210,3 +210,49 @@ def test_an_idle_connection_outlives_a_clients_poll_interval(cloud: RunningCloud
             body = head.split(b"\r\n\r\n", 1)[1]
             while len(body) < length:
                 body += conn.recv(65536)
+
+
+def test_the_port_is_held_before_the_cloud_says_it_is_up(tmp_path: Path) -> None:
+    """`stowage up` binds the API's port before its start-up (the compute side's console
+    proxies take ports the system picks, and could take this one): when it prints that it is
+    up, nobody else can take the port. Before, uvicorn bound it after the app's start-up,
+    and a bind here at that moment won."""
+    import os
+
+    from tests.api.cloudproc import free_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            *(str(Path(sys.executable).parent / "stowage"), "up"),
+            *("--state-dir", str(tmp_path / "s"), "--port", str(port), "--hosts", "2"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stdout is not None
+        seen = []
+        for line in process.stdout:
+            seen.append(line)
+            if "Stowage is up" in line:
+                break
+        else:
+            raise AssertionError(f"stowage up ended without saying it is up: {seen}")
+        squatter = socket.socket()
+        try:
+            try:
+                squatter.bind(("127.0.0.1", port))
+            except OSError as exc:
+                assert exc.errno == 98  # EADDRINUSE: the cloud holds it
+            else:
+                raise AssertionError("the port was free after stowage up said it was up")
+        finally:
+            squatter.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        if process.stdout is not None:
+            process.stdout.close()
