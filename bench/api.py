@@ -612,6 +612,8 @@ class Holds:
     (stowage.ledger.db's `_HoldTally`): what each process held it for from `start` to
     `report`, and how much of that its holding thread spent on a core."""
 
+    settle_s = 3 * 0.2  # each process writes its tally every 0.2 s while it changes
+
     def __init__(self, folder: Path | None) -> None:
         self.folder = folder
         self.before: dict[str, dict[str, dict[str, float]]] = {}
@@ -626,7 +628,7 @@ class Holds:
 
     def start(self) -> None:
         if self.folder is not None:
-            time.sleep(3 * 0.2)  # what the processes tallied last, written
+            time.sleep(self.settle_s)  # what the processes tallied last, written
         self.before = self.read()
 
     def report(self, seconds: float, boots: int) -> list[str]:
@@ -634,7 +636,7 @@ class Holds:
         the holder's CPU in it, and its heaviest places."""
         if self.folder is None:
             return []
-        time.sleep(3 * 0.2)  # each process writes its tally every 0.2 s while it changes
+        time.sleep(self.settle_s)
         lines = []
         for pid, sites in self.read().items():
             was = self.before.get(pid, {})

@@ -392,11 +392,7 @@ def up(
     from stowage.wiring import compute_process as separate_compute
 
     if not port_is_free(host, port):
-        err.print(
-            f"[red]Port {port} on {host} is already in use[/red]: is another cloud "
-            "running? Stop it, or pass --port."
-        )
-        raise typer.Exit(1)
+        raise _port_in_use(host, port)
     config = CloudConfig(
         state_dir=state_dir.resolve(),
         host=host,
@@ -480,16 +476,10 @@ def _serve(config: Any, cloud: Any, served_app: Any, libvirt_hosts: Any) -> None
     # and by then the compute side's console proxies have taken ports the system chose, one
     # of which could be this one (checked free before, not yet held).
     try:
-        listening = served.bind_socket()
-    except SystemExit:  # uvicorn's way to say the bind failed (it logged why)
-        err.print(
-            f"[red]Port {config.port} on {config.host} is already in use[/red]: pass another "
-            "--port."
-        )
-        listening = None
-    try:
-        if listening is None:
-            raise typer.Exit(1)
+        try:
+            listening = served.bind_socket()
+        except SystemExit:  # uvicorn's way to say the bind failed (it logged why)
+            raise _port_in_use(config.host, config.port) from None
         clouds = write_clouds_yaml(config)
         console.print(f"Stowage is up at {config.base_url} (state in {config.state_dir}).")
         console.print(
@@ -503,6 +493,15 @@ def _serve(config: Any, cloud: Any, served_app: Any, libvirt_hosts: Any) -> None
             libvirt_hosts.stop()
         cloud.ledger.close()
     console.print("Stowage stopped.")
+
+
+def _port_in_use(host: str, port: int) -> typer.Exit:
+    """Say that `stowage up`'s port is taken; the exit to raise."""
+    err.print(
+        f"[red]Port {port} on {host} is already in use[/red]: is another cloud running? "
+        "Stop it, or pass --port."
+    )
+    return typer.Exit(1)
 
 
 def _separate_compute(asked: bool | None) -> bool:

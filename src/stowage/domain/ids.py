@@ -42,9 +42,7 @@ class _Urandom:
     page = 4096
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._bytes = b""
-        self._at = 0
+        self._forget()
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
