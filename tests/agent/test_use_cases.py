@@ -573,6 +573,42 @@ def test_a_schedule_batch_reads_its_instances_at_once_and_places_them_all(
     assert not [op for op in cloud.operations.active() if op.step == "schedule"]
 
 
+def test_a_batch_of_claims_reads_its_instances_and_inserts_their_next_steps_at_once(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transaction that commits a schedule step's claims reads the instances it moves on
+    in one statement and inserts their spawn operations in one (before: a read and an insert
+    a claim, each a turn of the interpreter with the write lock held)."""
+    from stowage.services import compute
+
+    several = [d["id"] for d in build_servers(cloud, request(6), "req-many")]
+    ops = [op for op in cloud.operations.active() if op.step == "schedule"]
+    made: list[str] = []
+
+    def on_execute(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        made.append(" ".join(statement.replace('"', "").split()).upper())
+
+    planned = compute._place
+
+    def place(*args: Any, **kwargs: Any) -> None:
+        event.listen(cloud.ledger.engine, "before_cursor_execute", on_execute)
+        try:
+            planned(*args, **kwargs)
+        finally:
+            event.remove(cloud.ledger.engine, "before_cursor_execute", on_execute)
+
+    monkeypatch.setattr(compute, "_place", place)
+    schedule_builds(cloud, ops)
+    reads = [s for s in made if s.startswith("SELECT") and "FROM OBJECTS" in s]
+    inserts = [s for s in made if s.startswith("INSERT INTO OPERATIONS")]
+    assert (len(reads), len(inserts)) == (1, 1), made
+    for instance_id in several:
+        placed = cloud.objects.get("instance", instance_id).body
+        assert placed["host"] and placed["task_state"] == "spawning", placed
+    spawns = [op for op in cloud.operations.active() if op.step == "spawn"]
+    assert sorted(op.instance_id for op in spawns) == sorted(several)
+
+
 def test_a_stale_writer_does_not_undo_another_writers_transition(cloud: Cloud) -> None:
     """A field another writer changed since this writer's read is a conflict, not overwritten
     (a conductor finishing a step must not undo a delete's task state)."""

@@ -1,6 +1,7 @@
 """`ObjectStore.write_together` with group writes (`stowage up`'s SQLite ledger): the works that
-ask at one moment commit in one transaction, each in a savepoint, and each caller gets its own
-answer once the commit is made: its value, or its own exception with nothing of it written."""
+ask at one moment commit in one transaction, and each caller gets its own answer once the
+commit is made: its value, or its own exception with nothing of it written. The rows the works
+ask to insert `later` are written together, in one statement a table, before the commit."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from sqlalchemy import Connection, event
 
 from stowage.domain.errors import ConflictError
 from stowage.ledger import Ledger
-from stowage.ledger.objects import ObjectStore
+from stowage.ledger.objects import NewDocument, ObjectStore, flush_inserts
 
 
 @pytest.fixture
@@ -109,7 +110,7 @@ def test_a_work_that_fails_undoes_only_itself(ledger: Ledger) -> None:
         return lambda conn: store.create_in(conn, "thing", f"ok{n}", {}).id
 
     def bad(conn: Connection) -> None:
-        store.create_in(conn, "thing", "half", {})  # written, then undone with its savepoint
+        store.create_in(conn, "thing", "half", {})  # written: the group is undone, each alone
         raise ConflictError("this one fails")
 
     def duplicate(conn: Connection) -> None:
@@ -199,5 +200,131 @@ def test_creates_of_one_group_count_each_other_against_the_quota(tmp_path: Path)
         refused = [a for a in answers if isinstance(a, QuotaExceeded)]
         assert (len(made), len(refused)) == (5, 7)
         assert instance_count(cloud) == 5
+    finally:
+        cloud.ledger.close()
+
+
+def _statements(ledger: Ledger) -> list[str]:
+    made: list[str] = []
+
+    @event.listens_for(ledger.engine, "before_cursor_execute")
+    def _count(_c: object, _cur: object, sql: str, *_rest: object) -> None:
+        made.append(sql)
+
+    return made
+
+
+def _later(store: ObjectStore, n: int, *, fail: bool = False) -> Callable[[Connection], Any]:
+    def work(conn: Connection) -> str:
+        made = [NewDocument("thing", f"t{n}", {"n": n}), NewDocument("note", f"t{n}", {})]
+        store.create_each_in(conn, made, later=True)
+        if fail:
+            raise ConflictError(f"work {n} fails")
+        return f"t{n}"
+
+    return work
+
+
+def test_the_rows_a_group_inserts_later_are_one_statement(ledger: Ledger) -> None:
+    """Ten works of two documents each: one INSERT of twenty rows before the commit, and no
+    savepoint a work (each was two statements more, the write lock held)."""
+    store = ObjectStore(ledger.engine, group_writes=True)
+    release, first = _held_writer(store)
+    group = store._group
+    assert group is not None
+    made = _statements(ledger)
+    with ThreadPoolExecutor(10) as pool:
+        try:
+            asked = [pool.submit(store.write_together, _later(store, n)) for n in range(10)]
+            while group._waiting.qsize() < 10:
+                time.sleep(0.01)
+            made.clear()  # what the first work's transaction made, if anything, after this
+        finally:
+            release.set()
+            first.join(30)
+        assert [future.result(30) for future in asked] == [f"t{n}" for n in range(10)]
+    verbs = [sql.split(None, 1)[0].upper() for sql in made]
+    assert verbs.count("INSERT") == 1, made
+    assert "SAVEPOINT" not in verbs and "RELEASE" not in verbs, made
+    assert sorted(store.ids("thing")) == sorted(["first", *(f"t{n}" for n in range(10))])
+    assert len(store.ids("note")) == 10
+
+
+def test_a_work_that_fails_drops_the_rows_it_asked_for(ledger: Ledger) -> None:
+    store = ObjectStore(ledger.engine, group_writes=True)
+    answers = _asked(store, [_later(store, 0), _later(store, 1, fail=True), _later(store, 2)])
+    assert answers[0] == "t0" and answers[2] == "t2"
+    assert isinstance(answers[1], ConflictError)
+    assert sorted(store.ids("thing")) == ["first", "t0", "t2"]
+    assert sorted(store.ids("note")) == ["t0", "t2"]
+
+
+def test_a_work_that_fails_after_writing_its_held_rows_leaves_none(ledger: Ledger) -> None:
+    """A work that flushes the group's held rows (its own among them) and then raises: the
+    rows of the works before it stay, its own do not (the group runs again, each alone)."""
+    store = ObjectStore(ledger.engine, group_writes=True)
+
+    def flushed_then_fails(conn: Connection) -> None:
+        _later(store, 1)(conn)
+        flush_inserts(conn)
+        raise ConflictError("fails after its rows were written")
+
+    answers = _asked(store, [_later(store, 0), flushed_then_fails, _later(store, 2)])
+    assert answers[0] == "t0" and answers[2] == "t2"
+    assert isinstance(answers[1], ConflictError)
+    assert sorted(store.ids("thing")) == ["first", "t0", "t2"]
+
+
+def test_a_group_whose_later_rows_collide_runs_each_work_alone(ledger: Ledger) -> None:
+    """Two works insert the same document later: the group's insert fails, nothing of it is
+    kept, and each work runs again alone: the first makes it, the second is refused."""
+    store = ObjectStore(ledger.engine, group_writes=True)
+    answers = _asked(store, [_later(store, 0), _later(store, 1), _later(store, 0)])
+    assert answers[:2] == ["t0", "t1"]
+    assert isinstance(answers[2], Exception) and "UNIQUE" in str(answers[2])
+    assert sorted(store.ids("thing")) == ["first", "t0", "t1"]
+
+
+def test_flush_inserts_shows_the_group_its_rows(ledger: Ledger) -> None:
+    """A work that reads what the works before it asked to insert flushes them first."""
+    store = ObjectStore(ledger.engine, group_writes=True)
+
+    def count(flush: bool) -> Callable[[Connection], Any]:
+        def work(conn: Connection) -> int:
+            if flush:
+                flush_inserts(conn)
+            sql = "SELECT count(*) FROM objects WHERE kind = 'thing'"
+            return conn.exec_driver_sql(sql).scalar()
+
+        return work
+
+    answers = _asked(store, [_later(store, 0), _later(store, 1), count(False), count(True)])
+    # "first" is committed before the group; t0 and t1 are held until the flush.
+    assert answers == ["t0", "t1", 1, 3]
+    assert sorted(store.ids("thing")) == ["first", "t0", "t1"]
+
+
+def test_the_creates_of_a_group_read_the_quota_limits_once(tmp_path: Path) -> None:
+    """Eight creates of one project in one group: the project's limits are read once for the
+    group, not once a create (no create writes a limit), and each still counts the ones
+    before it."""
+    from tests.agent.test_use_cases import instance_count, open_cloud, request
+
+    from stowage.domain.errors import QuotaExceeded
+    from stowage.services import quotas
+    from stowage.services.compute import build_servers
+
+    cloud = open_cloud(f"sqlite:///{tmp_path / 'ledger.db'}", tmp_path / "state", group_writes=True)
+    try:
+        cloud.objects.create("quota", "p", {"instances": 6, "cores": -1, "ram": -1})
+        made = _statements(cloud.ledger)
+        answers = _called(
+            cloud.objects,
+            [functools.partial(build_servers, cloud, request(1), f"req-{n}") for n in range(8)],
+        )
+        assert [type(a) for a in answers].count(QuotaExceeded) == 2, answers
+        assert instance_count(cloud) == 6
+        limits = " ".join(str(quotas._LIMITS.compile(dialect=cloud.ledger.engine.dialect)).split())
+        assert [" ".join(sql.split()) for sql in made].count(limits) == 1, made
     finally:
         cloud.ledger.close()

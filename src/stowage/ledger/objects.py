@@ -20,8 +20,10 @@ import orjson
 from sqlalchemy import (
     Connection,
     Engine,
+    Insert,
     Integer,
     Select,
+    Table,
     and_,
     bindparam,
     delete,
@@ -36,7 +38,16 @@ from stowage.domain.errors import ConflictError, NotFound
 from stowage.ledger.db import READONLY
 from stowage.ledger.schema import objects
 
-__all__ = ["Document", "NewDocument", "ObjectStore", "decode_body"]
+__all__ = [
+    "Document",
+    "NewDocument",
+    "ObjectStore",
+    "decode_body",
+    "flush_inserts",
+    "group_memo",
+    "held_inserts",
+    "insert_rows",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +81,10 @@ def _find_each(kinds: int) -> Select[Any]:
     )
 
 
-_INSERT = insert(objects)  # the same holds for the insert of every new document
-# And for the writes of every step (a boot's spawn, its ports, its action record): a prebuilt
-# statement runs in about a quarter of the CPU of one built per call (55 against 190 us for a
-# read by key on SQLite, measured 2026-12-02, session 8).
+# The same holds for the insert of every new document (`_insert_of`), and for the writes of
+# every step (a boot's spawn, its ports, its action record): a prebuilt statement runs in about
+# a quarter of the CPU of one built per call (55 against 190 us for a read by key on SQLite,
+# measured 2026-12-02, session 8).
 _FIND_FOR_UPDATE = select(objects.c.body).where(*_KEY).with_for_update()
 _UPDATE = (
     update(objects)
@@ -112,6 +123,122 @@ class _Held:
 
 
 _HELD: ContextVar[_Held | None] = ContextVar("stowage_held", default=None)
+
+
+@functools.cache
+def _insert_of(table: Table) -> Insert:
+    return insert(table)  # built once a table, as `_FIND`
+
+
+_PENDING = "stowage_pending_inserts"  # in `Connection.info` while a group's works run
+
+
+def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert `rows` into `table` in `conn`'s transaction: at once, or, inside `held_inserts`
+    (the works of a group write, `ObjectStore.write_together`, run inside one), with the
+    other rows held there, in one statement a table as it ends.
+
+    Rows held so are not seen by the reads of the same transaction until they are written: a
+    work that reads what another work of its group may have inserted (a quota count of the
+    project's instances) calls `flush_inserts(conn)` first."""
+    pending: _Pending | None = conn.info.get(_PENDING)
+    if pending is None:
+        _insert_now(conn, table, rows)
+    else:
+        pending.add(table, rows)
+
+
+def group_memo(conn: Connection) -> dict[Any, Any] | None:
+    """While the works of a group write run on `conn` (`ObjectStore.write_together`; or
+    inside `held_inserts`), a dict that lasts as long as the block, for what its works read
+    and none of them writes (a project's quota limits): read once a group instead of once a
+    work, each read one more hand-over of the interpreter with the write lock held. None
+    outside."""
+    pending: _Pending | None = conn.info.get(_PENDING)
+    return None if pending is None else pending.memo
+
+
+def _insert_now(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    conn.execute(_insert_of(table), list(rows))
+
+
+@contextlib.contextmanager
+def held_inserts(conn: Connection) -> Iterator[None]:
+    """The rows `insert_rows` is asked for inside, held and written together as the block
+    ends (one statement a table: a batch of claims' next operations); inside a group write,
+    or another `held_inserts` on `conn`, with the rows held there. Nothing is written if the
+    block raises: its transaction is to be rolled back."""
+    with _holding(conn):
+        yield
+
+
+@contextlib.contextmanager
+def _holding(conn: Connection) -> Iterator[_Pending]:
+    held: _Pending | None = conn.info.get(_PENDING)
+    if held is not None:
+        yield held
+        return
+    pending = _Pending()
+    conn.info[_PENDING] = pending
+    try:
+        yield pending
+        pending.write(conn)
+    finally:
+        conn.info.pop(_PENDING, None)
+
+
+def flush_inserts(conn: Connection) -> None:
+    """Write the rows `insert_rows` holds for `conn`'s group, so that its next reads see them."""
+    pending: _Pending | None = conn.info.get(_PENDING)
+    if pending is not None:
+        pending.write(conn)
+
+
+class _Pending:
+    """The rows a group's works insert (`insert_rows`), written in one multi-row INSERT a
+    table and set of columns. Inserted one work at a time, SQLite stepped each row alone (an
+    executemany is one step a row), and each step let go of the interpreter while the group
+    held the write lock: a hand-over to another thread and a wait to get it back, the most
+    of a hold (docs/performance.md, session 18)."""
+
+    rows_max = 300  # a statement's rows: SQLite allows 32,766 parameters in one
+
+    def __init__(self) -> None:
+        self.work = 0  # the index of the work running now
+        self.others = 0  # rows written for works other than the one running then
+        self.memo: dict[Any, Any] = {}  # `group_memo`
+        self._rows: list[tuple[int, Table, Mapping[str, Any]]] = []
+
+    def add(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+        self._rows.extend((self.work, table, row) for row in rows)
+
+    def drop(self, work: int) -> None:
+        """Forget what the `work`th work asked for (it failed)."""
+        self._rows = [held for held in self._rows if held[0] != work]
+
+    def write(self, conn: Connection) -> None:
+        shapes: dict[tuple[Table, tuple[str, ...]], list[Mapping[str, Any]]] = {}
+        for work, table, row in self._rows:
+            shapes.setdefault((table, tuple(row)), []).append(row)
+            self.others += work != self.work
+        self._rows = []
+        for (table, columns), rows in shapes.items():
+            if conn.dialect.paramstyle != "qmark":  # PostgreSQL: the driver's executemany
+                _insert_now(conn, table, rows)
+                continue
+            for start in range(0, len(rows), self.rows_max):
+                chunk = rows[start : start + self.rows_max]
+                sql = _multi_insert(table.name, columns, len(chunk))
+                conn.exec_driver_sql(sql, tuple(row[c] for row in chunk for c in columns))
+
+
+@functools.lru_cache(maxsize=256)
+def _multi_insert(table: str, columns: tuple[str, ...], rows: int) -> str:
+    """`INSERT INTO table (columns) VALUES (?, ...), ...` with `rows` rows (SQLite's qmark
+    parameters)."""
+    one = "(" + ", ".join("?" * len(columns)) + ")"
+    names = ", ".join(f'"{c}"' for c in columns)
+    return f'INSERT INTO "{table}" ({names}) VALUES ' + ", ".join([one] * rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,14 +385,18 @@ class ObjectStore:
         (created,) = self.create_each_in(conn, [NewDocument(kind, id, body, project_id, name)])
         return created
 
-    def create_each_in(self, conn: Connection, new: Sequence[NewDocument]) -> list[Document]:
+    def create_each_in(
+        self, conn: Connection, new: Sequence[NewDocument], *, later: bool = False
+    ) -> list[Document]:
         """`create_in` of several documents in one statement (a create's servers and their
-        action records: one round trip, not one each)."""
+        action records: one round trip, not one each). `later`: inside a group write, with
+        the group's other inserts just before it commits (`insert_rows`)."""
         now = self.clock()
         for kind in {n.kind for n in new}:
             self._changed(kind)
-        conn.execute(
-            _INSERT,
+        (insert_rows if later else _insert_now)(
+            conn,
+            objects,
             [
                 {
                     "kind": n.kind,
@@ -420,6 +551,16 @@ class ObjectStore:
         """The documents of these (kind, id) pairs that exist, by pair: one statement (a
         request that needs several documents, such as a create's flavor and image); inside
         `reading()` or `writing()`, in its transaction."""
+        keys = list(keys)
+        if not keys:
+            return {}
+        with self.reading() as conn:
+            return self.find_each_in(conn, keys)
+
+    def find_each_in(
+        self, conn: Connection, keys: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], Document]:
+        """`find_each` inside a transaction the caller holds (its own writes are seen)."""
         by_kind: dict[str, list[str]] = {}
         for kind, id in keys:
             by_kind.setdefault(kind, []).append(id)
@@ -429,8 +570,7 @@ class ObjectStore:
         for i, (kind, ids) in enumerate(by_kind.items()):
             params[f"kind{i}"] = kind
             params[f"ids{i}"] = ids
-        with self.reading() as conn:
-            rows = conn.execute(_find_each(len(by_kind)), params).all()
+        rows = conn.execute(_find_each(len(by_kind)), params).all()
         return {(row.kind, row.id): _doc(row) for row in rows}
 
     def get(self, kind: str, id: str) -> Document:
@@ -598,22 +738,7 @@ class _GroupWriter:
                 if len(batch) == 1:  # alone: its transaction is its savepoint
                     done.append((batch[0][1], batch[0][0](conn), None))
                 else:
-                    # Savepoints on the driver's connection: through SQLAlchemy's
-                    # `begin_nested` a pair cost about 65 us of CPU, on the driver 1 us.
-                    # Each is released before the next opens: a group of savepoints left
-                    # open inside each other (names need not be unique) was 40-50% slower
-                    # to write on SQLite (2026-12-06, 11 works of 3 inserts a group).
-                    raw: Any = conn.connection.dbapi_connection
-                    for work, answer in batch:
-                        raw.execute("SAVEPOINT stowage_group")
-                        try:
-                            value = work(conn)
-                        except Exception as exc:
-                            raw.execute("ROLLBACK TO stowage_group")
-                            done.append((answer, None, exc))
-                        else:
-                            done.append((answer, value, None))
-                        raw.execute("RELEASE stowage_group")
+                    self._run_each(conn, batch, done)
         except Exception as exc:
             if len(batch) == 1:
                 batch[0][1].set_exception(exc)
@@ -629,3 +754,39 @@ class _GroupWriter:
                 answer.set_result(value)
             else:
                 answer.set_exception(failure)
+
+    @staticmethod
+    def _run_each(
+        conn: Connection,
+        batch: list[tuple[Callable[[Connection], Any], Future[Any]]],
+        done: list[tuple[Future[Any], Any, BaseException | None]],
+    ) -> None:
+        """Each work of a group in the group's transaction, and the rows they asked to insert
+        (`insert_rows`) at the end, together.
+
+        No savepoint a work: each was two statements more (and two hand-overs of the
+        interpreter, the lock held). A work that raises having written nothing of its own
+        (SQLite's count of changed rows moved by no more than the rows of the works before
+        it that it flushed; what it asked to insert is dropped) fails alone, as its
+        savepoint's rollback made it; one that raises after a write of its own undoes the
+        whole group, whose works then run again each alone (`_commit`)."""
+        raw: Any = conn.connection.dbapi_connection
+        with _holding(conn) as pending:
+            for index, (work, answer) in enumerate(batch):
+                pending.work = index
+                changed, others = raw.total_changes, pending.others
+                try:
+                    value = work(conn)
+                except Exception as exc:
+                    # Rows it made the group write for the works before it (a quota count's
+                    # `flush_inserts`) are theirs, not its own.
+                    if raw.total_changes - changed != pending.others - others:
+                        raise _WroteThenFailed(index) from exc
+                    pending.drop(index)
+                    done.append((answer, None, exc))
+                else:
+                    done.append((answer, value, None))
+
+
+class _WroteThenFailed(Exception):
+    """A work of a group raised after writing: the group's transaction is undone."""

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Engine, Update, and_, bindparam, insert, or_,
 
 from stowage.domain.ids import new_uuid
 from stowage.ledger.db import READONLY
-from stowage.ledger.objects import decode_body
+from stowage.ledger.objects import decode_body, insert_rows
 from stowage.ledger.schema import operations
 
 __all__ = ["ACTIVE_STATES", "TERMINAL_STATES", "Operation", "OperationEnded", "Operations"]
@@ -174,8 +174,11 @@ class Operations:
         payload: Mapping[str, Any] | None = None,
         migration_id: str | None = None,
         conn: Connection | None = None,
+        later: bool = False,
     ) -> str:
-        """A new pending operation, due now; inside `conn`'s transaction when given."""
+        """A new pending operation, due now; inside `conn`'s transaction when given (and with
+        `later`, inside a group write, inserted with the group's other rows before it commits:
+        `insert_rows`)."""
         op_id = "op-" + new_uuid().hex
         now = self.clock()
         values = {
@@ -195,7 +198,9 @@ class Operations:
             "owner": None,
             "lease_until": None,
         }
-        if conn is not None:
+        if conn is not None and later:
+            insert_rows(conn, operations, [values])
+        elif conn is not None:
             conn.execute(_INSERT, values)
         else:
             with self.engine.begin() as own:

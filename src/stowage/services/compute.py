@@ -297,7 +297,9 @@ def _build_in(
             _action_document(body["id"], "create", build.user_id, build.project_id, request_id)
         )
         docs.append(body)
-    cloud.objects.create_each_in(conn, made)  # the instances and their actions: one insert
+    # The instances, their actions and the operation: inserted with the other creates of the
+    # group write they commit in, in one statement a table (`insert_rows`).
+    cloud.objects.create_each_in(conn, made, later=True)
     cloud.operations.enqueue(
         "build",
         docs[0]["id"],
@@ -314,6 +316,7 @@ def _build_in(
             "is_admin": build.is_admin,
         },
         conn=conn,
+        later=True,
     )
     return docs
 
@@ -473,9 +476,27 @@ def _place(
     if not requests:
         return
 
+    position = {r.instance_id: i for i, r in enumerate(requests)}
+    read: dict[str, Any] = {"conn": None, "docs": {}}
+
+    def instance_in(conn: Connection, instance_id: str) -> Document | None:
+        # A batch of claims shares a transaction: its instances are read in one statement,
+        # this one's and the next requests' (a batch's claims follow the requests' order).
+        if read["conn"] is not conn:
+            read.update(conn=conn, docs={})
+        docs: dict[str, Document | None] = read["docs"]
+        if instance_id not in docs:
+            start = position.get(instance_id, 0)
+            ahead = requests[start : start + cloud.scheduler.batch_max]
+            ids = {instance_id, *(r.instance_id for r in ahead)}
+            found = cloud.objects.find_each_in(conn, [("instance", i) for i in ids])
+            docs.update({i: found.get(("instance", i)) for i in ids})
+        return docs[instance_id]
+
     def placed(conn: Connection, claim: Any) -> None:
-        # The claim commits with the instance's host and its next step, or not at all.
-        doc = cloud.objects.find_in(conn, "instance", claim.instance_id)
+        # The claim commits with the instance's host and its next step, or not at all; the
+        # step inserted with the batch's others (`held_inserts`).
+        doc = instance_in(conn, claim.instance_id)
         if doc is None or doc.body.get("task_state") != "scheduling":
             raise ClaimRefused(f"instance {claim.instance_id} no longer waits to be scheduled")
         body = dict(doc.body)
@@ -492,6 +513,7 @@ def _place(
             step="ports" if wants_ports else "spawn",
             payload={"request_id": request_ids.get(claim.instance_id, "")},
             conn=conn,
+            later=True,
         )
 
     with cloud.schedule_lock:

@@ -23,6 +23,7 @@ from sqlalchemy import Connection, Integer, and_, bindparam, cast, func, literal
 from sqlalchemy.dialects.postgresql import JSONB
 
 from stowage.domain.errors import InvalidSpec, QuotaExceeded
+from stowage.ledger.objects import flush_inserts, group_memo
 from stowage.ledger.schema import objects, server_groups
 from stowage.services import identity_limits
 from stowage.services.cloud import Cloud
@@ -67,7 +68,21 @@ def quota_limits_in(
     """The project's limits (defaults, class, project and user overrides: as
     compute_catalog.quota_limits), read inside `conn`'s transaction: no second connection.
     With the unified limits driver, only where the numbers come from changes: Keystone's
-    project limit, else its registered default (services/identity_limits.py)."""
+    project limit, else its registered default (services/identity_limits.py). Inside a
+    group write, read once for the group's creates (`group_memo`: no create writes a limit)."""
+    memo = group_memo(conn)
+    if memo is None:
+        return _limits_in(cloud, conn, project_id, user_id)
+    key = ("quota_limits", project_id, user_id)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = _limits_in(cloud, conn, project_id, user_id)
+    return dict(found)
+
+
+def _limits_in(
+    cloud: Cloud, conn: Connection, project_id: str, user_id: str | None
+) -> dict[str, int]:
     if identity_limits.uses_unified_limits(cloud):
         return identity_limits.compute_limits_in(
             conn, cloud.config.region, project_id, DEFAULT_QUOTAS
@@ -104,7 +119,10 @@ def count_instances(
 ) -> InstanceUsage:
     """What the project's instance documents use, read inside `conn`'s transaction: summed by
     the database (a create in a project of thousands of servers parsed every document in
-    Python). With `members_only`, only the group's members are counted."""
+    Python). With `members_only`, only the group's members are counted. The instances that
+    the other creates of a group write hold to insert are written first (`flush_inserts`):
+    counted, as each create's own were by the next."""
+    flush_inserts(conn)
     mine = (objects.c.kind == "instance") & (objects.c.project_id == project_id)
     members = (
         func.count().filter(_doc_field(conn, "group_id") == group_id)

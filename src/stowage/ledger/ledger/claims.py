@@ -19,6 +19,7 @@ from stowage.ledger.ledger.core import (
     _then,
 )
 from stowage.ledger.ledger.groups import Groups
+from stowage.ledger.objects import held_inserts
 from stowage.ledger.schema import (
     allocations,
     cells,
@@ -69,8 +70,11 @@ class Claims(Groups):
                     self._lock_hosts(conn, {c.host_id for c in batch}, writer)
                     self._write_claims(conn, batch)
                     if also is not None:
-                        for claim in batch:
-                            also(conn, claim)
+                        # What `also` inserts later (a build's next operation) goes in one
+                        # statement for the batch; replayed one by one, each at once.
+                        with held_inserts(conn):
+                            for claim in batch:
+                                also(conn, claim)
                 return [ClaimOutcome(c.consumer_id, c.host_id, True) for c in batch]
             except _Refusal as refusal:
                 if atomic:
