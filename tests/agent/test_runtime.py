@@ -8,10 +8,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from stowage.agent.runtime import Agent, AgentConfig, percentile
+from stowage.agent.runtime import Agent, AgentConfig, LagWatchdog, percentile
 from stowage.virt.driver import Driver, DriverCrashed, InstanceState
 from stowage.virt.sim import FaultKind, SimConfig, SimDriver
 
@@ -276,3 +277,41 @@ def test_percentile_by_nearest_rank() -> None:
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
     assert percentile([5.0], 0.01) == 5.0
+
+
+def test_watchdogs_on_one_loop_share_one_sleeper_and_each_sees_a_stall() -> None:
+    """Twenty watchdogs on one loop (as `stowage up`'s simulated hosts share the compute
+    loop): one task sleeps for all of them, each records every wake-up and the stall, one
+    stopping does not stop the others, and the last stopping leaves nothing on the loop."""
+
+    def sleepers() -> list[asyncio.Task[Any]]:
+        return [
+            t
+            for t in asyncio.all_tasks()
+            if t.get_name() == "agent-watchdog-sleeper" and not t.done()
+        ]
+
+    async def scenario() -> tuple[list[LagWatchdog], int, list[int], int]:
+        dogs = [LagWatchdog(0.01, 0.2, 1000) for _ in range(20)]
+        tasks = [asyncio.create_task(dog.run()) for dog in dogs]
+        await asyncio.sleep(0.1)
+        shared = len(sleepers())
+        time.sleep(0.3)  # the loop held: one stall, seen by every watchdog
+        await asyncio.sleep(0.05)
+        tasks[0].cancel()
+        await asyncio.gather(tasks[0], return_exceptions=True)
+        stopped = len(dogs[0].samples)
+        await asyncio.sleep(0.1)
+        counts = [stopped, *(len(dog.samples) for dog in dogs[1:])]
+        for task in tasks[1:]:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0)
+        return dogs, shared, counts, len(sleepers())
+
+    dogs, shared, counts, left = asyncio.run(scenario())
+    assert shared == 1
+    assert [dog.stalls for dog in dogs] == [1] * 20
+    assert all(dog.lag_max_s > 0.25 for dog in dogs)
+    assert len(set(counts[1:])) == 1 and counts[1] > counts[0] + 3, counts
+    assert left == 0

@@ -62,6 +62,7 @@ from stowage.bus.base import BusError, RemoteError, Transport, compute_topic
 from stowage.domain.errors import NotFound
 from stowage.domain.topology import ResourceClass
 from stowage.ledger.db import READONLY
+from stowage.ledger.objects import Document
 from stowage.ledger.operations import Operation, OperationEnded, Operations
 from stowage.ledger.schema import (
     allocations,
@@ -618,6 +619,36 @@ class Conductor:
                 None if ok else reply.get("error"),
             )
 
+    def _active_in(self, conn: Connection, *, op: Operation, reply: Reply) -> str | None:
+        """A spawned instance ACTIVE, its operation done and its action's event, in `conn`:
+        the shelved image it leaves behind, if any, for the caller to drop after the commit.
+        The instance and its action are read in one statement."""
+        from stowage.services.shelve import drop_shelved_image_in
+
+        cloud = self.cloud
+        instance_key = ("instance", op.instance_id)
+        action_key = _action_key(op)
+        keys = [instance_key] if action_key is None else [instance_key, action_key]
+        read = cloud.objects.find_each_in(conn, keys)
+        found = read.get(instance_key)
+        if found is None:
+            raise NotFound(f"instance {op.instance_id} is gone")
+        before = found.body
+        body = dict(before)
+        body.update(status="ACTIVE", vm_state="active", power_state=1, task_state=None)
+        if op.kind == "build":
+            body["launched_at"] = cloud.clock()
+        else:
+            body["fault"] = None
+        body.pop("shelved_image_id", None)  # unshelved: its image goes (Nova's)
+        body = write_instance(cloud, op.instance_id, before, body, conn=conn, current=before)
+        server_volumes.attached_ended(cloud, conn, body, True)
+        self.ops.advance(conn, op.id, state="done", result=reply)
+        shelved = drop_shelved_image_in(cloud, conn, before)
+        action = None if action_key is None else read.get(action_key)
+        _event_on(cloud, op, action, body, "Success", None, conn=conn)
+        return shelved
+
     def _spawned(self, op: Operation, reply: Reply) -> None:
         cloud = self.cloud
         if reply.get("ok") and op.kind == "rebuild" and op.payload.get("stopped"):
@@ -629,32 +660,12 @@ class Conductor:
                 )
             return
         if reply.get("ok"):
-            from stowage.services.shelve import drop_image_data, drop_shelved_image_in
+            from stowage.services.shelve import drop_image_data
 
             # The instance is read in the commit that writes it (one transaction, and the
             # swap needs no second read of it); on `stowage up`, one with the other spawns
             # that ended at the same moment (`ObjectStore.write_together`).
-            def active(conn: Connection) -> str | None:
-                found = cloud.objects.find_in(conn, "instance", op.instance_id)
-                if found is None:
-                    raise NotFound(f"instance {op.instance_id} is gone")
-                before = found.body
-                body = dict(before)
-                body.update(status="ACTIVE", vm_state="active", power_state=1, task_state=None)
-                if op.kind == "build":
-                    body["launched_at"] = cloud.clock()
-                else:
-                    body["fault"] = None
-                body.pop("shelved_image_id", None)  # unshelved: its image goes (Nova's)
-                body = write_instance(
-                    cloud, op.instance_id, before, body, conn=conn, current=before
-                )
-                server_volumes.attached_ended(cloud, conn, body, True)
-                self.ops.advance(conn, op.id, state="done", result=reply)
-                shelved = drop_shelved_image_in(cloud, conn, before)
-                _event(cloud, op, body, "Success", None, conn=conn)
-                return shelved
-
+            active = functools.partial(self._active_in, op=op, reply=reply)
             shelved = cloud.objects.write_together(active)
             self._ended_here[op.id] = "done"
             drop_image_data(cloud, shelved)
@@ -1331,15 +1342,30 @@ def _event(
 ) -> None:
     """The step's event on the instance action that started the operation; in the
     transaction `conn` where the step's outcome commits, if given."""
-    request_id = op.payload.get("request_id")
-    if not request_id:
+    key = _action_key(op)
+    if key is None:
         return
-    action_id = f"{request_id}:{op.instance_id}"
-    doc = (
-        cloud.objects.find("instance_action", action_id)
-        if conn is None
-        else cloud.objects.find_in(conn, "instance_action", action_id)
-    )
+    doc = cloud.objects.find(*key) if conn is None else cloud.objects.find_in(conn, *key)
+    _event_on(cloud, op, doc, body, result, message, conn=conn)
+
+
+def _action_key(op: Operation) -> tuple[str, str] | None:
+    """The instance action that started the operation, if its request said which."""
+    request_id = op.payload.get("request_id")
+    return ("instance_action", f"{request_id}:{op.instance_id}") if request_id else None
+
+
+def _event_on(
+    cloud: Cloud,
+    op: Operation,
+    doc: Document | None,
+    body: dict[str, Any],
+    result: str,
+    message: str | None,
+    *,
+    conn: Connection | None = None,
+) -> None:
+    """`_event` on the action document `doc` its caller read (None: there is none)."""
     if doc is None:
         return
     action = dict(doc.body)
