@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, select
 
 from stowage.ledger import Ledger
-from stowage.ledger.operations import Operations
+from stowage.ledger.operations import OperationEnded, Operations
+from stowage.ledger.schema import operations
 
 
 class Clock:
@@ -109,3 +110,42 @@ def test_conductors_polling_at_once_on_postgresql_take_different_operations(
     assert sorted(won["c0"] + won["c1"]) == sorted(ids)
     for taken in won.values():
         assert taken == sorted(taken, key=ids.index)  # oldest first, as before
+
+
+def test_a_batch_of_operations_ends_in_one_statement(ledger: Ledger) -> None:
+    """`end_each`: the listed operations done, leases dropped, in one UPDATE; the others
+    untouched; with the guard, one that had already ended refuses the whole batch."""
+    clock = Clock()
+    ops = Operations(ledger.engine, clock=clock, guarded=True)
+    ids = [ops.enqueue("build", f"i{n}", "h", step="schedule") for n in range(4)]
+    assert len(ops.lease("c", lease_s=60, limit=10)) == 4
+    updates: list[str] = []
+
+    @event.listens_for(ledger.engine, "before_cursor_execute")
+    def _count(_c: Any, _cur: Any, sql: str, *_rest: Any) -> None:
+        if sql.lstrip().upper().startswith("UPDATE"):
+            updates.append(sql)
+
+    clock.now += 5
+    with ledger.engine.begin() as conn:
+        ops.end_each(conn, ids[:3], state="done")
+    assert len(updates) == 1
+    assert [ops.find(op_id).state for op_id in ids] == ["done", "done", "done", "pending"]
+    owners = dict(_owners(ledger))
+    assert [owners[op_id] for op_id in ids] == [
+        (None, None),
+        (None, None),
+        (None, None),
+        ("c", 1060.0),
+    ]
+    with pytest.raises(OperationEnded), ledger.engine.begin() as conn:
+        ops.end_each(conn, [ids[2], ids[3]], state="failed")  # ids[2] has ended
+    assert [ops.find(op_id).state for op_id in ids[2:]] == ["done", "pending"]  # rolled back
+    with pytest.raises(ValueError), ledger.engine.begin() as conn:
+        ops.end_each(conn, [ids[3]], state="pending")
+
+
+def _owners(ledger: Ledger) -> list[tuple[str, tuple[Any, Any]]]:
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(select(operations.c.id, operations.c.owner, operations.c.lease_until))
+        return [(row.id, (row.owner, row.lease_until)) for row in rows]

@@ -86,6 +86,20 @@ _CLEANUPS = (
 _ADVANCES: dict[tuple[frozenset[str], bool], Update] = {}
 
 
+_END_EACH = (
+    update(operations)
+    .where(operations.c.id.in_(bindparam("k_ids", expanding=True)))
+    .values(
+        state=bindparam("v_state"),
+        updated_at=bindparam("v_at"),
+        next_at=bindparam("v_at"),
+        owner=None,
+        lease_until=None,
+    )
+)
+_END_EACH_GUARDED = _END_EACH.where(operations.c.state.in_(ACTIVE_STATES))
+
+
 def _advance_statement(columns: frozenset[str], guarded: bool) -> Update:
     """The UPDATE of `advance` for this set of columns (a handful of sets occur), built once."""
     key = (columns, guarded)
@@ -243,6 +257,21 @@ class Operations:
         params["k_id"] = op_id
         if not conn.execute(query, params).rowcount and self.guarded:
             raise OperationEnded(f"operation {op_id} has already ended")
+
+    def end_each(self, conn: Connection, op_ids: Sequence[str], *, state: str) -> None:
+        """`advance(conn, op_id, state=state)` of each of `op_ids` (a terminal state), in one
+        statement (a schedule step's batch of creates ends together: one UPDATE, not one a
+        create, with the write lock held)."""
+        if state not in TERMINAL_STATES:
+            raise ValueError(f"{state} is not a state an operation ends in")
+        if not op_ids:
+            return
+        now = self.clock()
+        query = _END_EACH_GUARDED if self.guarded else _END_EACH
+        params = {"k_ids": list(op_ids), "v_state": state, "v_at": now}
+        changed = conn.execute(query, params).rowcount
+        if changed != len(set(op_ids)) and self.guarded:
+            raise OperationEnded(f"of operations {', '.join(op_ids)}, one has already ended")
 
     def update(self, op_id: str, **changes: Any) -> None:
         with self.engine.begin() as conn:

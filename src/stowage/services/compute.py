@@ -405,8 +405,7 @@ def schedule_builds(cloud: Cloud, ops: Sequence[Operation]) -> None:
     # And the batch's operations end in one commit (a crash before it schedules them again:
     # the instances placed meanwhile no longer wait, and are skipped).
     with cloud.ledger.engine.begin() as conn:
-        for op in ops:
-            cloud.operations.advance(conn, op.id, state="done")
+        cloud.operations.end_each(conn, [op.id for op in ops], state="done")
 
 
 _READ_AT_ONCE = 500
