@@ -86,12 +86,7 @@ class LagWatchdog:
 
     async def run(self) -> None:
         """Watch the running loop until cancelled."""
-        sleeper = _LoopSleeper.of(asyncio.get_running_loop(), self.interval_s)
-        sleeper.watchers.append(self)
-        try:
-            await sleeper.shared()
-        finally:
-            sleeper.leave(self)
+        await _LoopSleeper.of(asyncio.get_running_loop(), self.interval_s).watch(self)
 
     def woke(self, lag_s: float) -> None:
         self.samples.append(lag_s)
@@ -126,18 +121,20 @@ class _LoopSleeper:
             found = sleepers[interval_s] = cls(interval_s)
         return found
 
-    async def shared(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(
-                self._sleep(), name="agent-watchdog-sleeper"
-            )
-        await asyncio.shield(self._task)
-
-    def leave(self, watcher: LagWatchdog) -> None:
-        self.watchers.remove(watcher)
-        if not self.watchers and self._task is not None:
-            self._task.cancel()  # the last one stopped: nothing is left pending on the loop
-            self._task = None
+    async def watch(self, watcher: LagWatchdog) -> None:
+        """Hand `watcher` every wake-up until the caller is cancelled."""
+        self.watchers.append(watcher)
+        try:
+            if self._task is None or self._task.done():
+                self._task = asyncio.get_running_loop().create_task(
+                    self._sleep(), name="agent-watchdog-sleeper"
+                )
+            await asyncio.shield(self._task)
+        finally:
+            self.watchers.remove(watcher)
+            if not self.watchers and self._task is not None:
+                self._task.cancel()  # the last one stopped: nothing is left pending on the loop
+                self._task = None
 
     async def _sleep(self) -> None:
         while self.watchers:

@@ -133,6 +133,11 @@ def _insert_of(table: Table) -> Insert:
 _PENDING = "stowage_pending_inserts"  # in `Connection.info` while a group's works run
 
 
+def _pending_of(conn: Connection) -> _Pending | None:
+    pending: _Pending | None = conn.info.get(_PENDING)
+    return pending
+
+
 def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert `rows` into `table` in `conn`'s transaction: at once, or, inside `held_inserts`
     (the works of a group write, `ObjectStore.write_together`, run inside one), with the
@@ -141,7 +146,7 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
     Rows held so are not seen by the reads of the same transaction until they are written: a
     work that reads what another work of its group may have inserted (a quota count of the
     project's instances) calls `flush_inserts(conn)` first."""
-    pending: _Pending | None = conn.info.get(_PENDING)
+    pending = _pending_of(conn)
     if pending is None:
         _insert_now(conn, table, rows)
     else:
@@ -154,7 +159,7 @@ def group_memo(conn: Connection) -> dict[Any, Any] | None:
     and none of them writes (a project's quota limits): read once a group instead of once a
     work, each read one more hand-over of the interpreter with the write lock held. None
     outside."""
-    pending: _Pending | None = conn.info.get(_PENDING)
+    pending = _pending_of(conn)
     return None if pending is None else pending.memo
 
 
@@ -174,7 +179,7 @@ def held_inserts(conn: Connection) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _holding(conn: Connection) -> Iterator[_Pending]:
-    held: _Pending | None = conn.info.get(_PENDING)
+    held = _pending_of(conn)
     if held is not None:
         yield held
         return
@@ -189,7 +194,7 @@ def _holding(conn: Connection) -> Iterator[_Pending]:
 
 def flush_inserts(conn: Connection) -> None:
     """Write the rows `insert_rows` holds for `conn`'s group, so that its next reads see them."""
-    pending: _Pending | None = conn.info.get(_PENDING)
+    pending = _pending_of(conn)
     if pending is not None:
         pending.write(conn)
 
