@@ -328,3 +328,176 @@ def test_the_creates_of_a_group_read_the_quota_limits_once(tmp_path: Path) -> No
         assert [" ".join(sql.split()) for sql in made].count(limits) == 1, made
     finally:
         cloud.ledger.close()
+
+
+def _swap_later(store: ObjectStore, n: int, *, old: int = 0) -> Callable[[Connection], Any]:
+    """A work that reads thing t{n} and swaps its `v` from `old` to n + 100, held to the end
+    of the group; its answer is what `swap_in` said."""
+
+    def work(conn: Connection) -> bool:
+        found = store.find_in(conn, "thing", f"t{n}")
+        assert found is not None
+        return store.swap_in(conn, "thing", f"t{n}", {"v": old}, {"v": n + 100}, later=True)
+
+    return work
+
+
+def test_the_swaps_a_group_holds_are_one_statement(ledger: Ledger) -> None:
+    """Ten works each swap a document of their own, held: one UPDATE for the ten before the
+    commit, each swap made."""
+    store = ObjectStore(ledger.engine, group_writes=True)
+    for n in range(10):
+        store.create("thing", f"t{n}", {"v": 0})
+    made = _statements(ledger)
+    answers = _asked(store, [_swap_later(store, n) for n in range(10)])
+    assert answers == [True] * 10
+    updates = [sql for sql in made if sql.split(None, 1)[0].upper() == "UPDATE"]
+    assert len(updates) == 1, made
+    assert [store.get("thing", f"t{n}").body for n in range(10)] == [
+        {"v": n + 100} for n in range(10)
+    ]
+
+
+def test_a_held_swap_that_misses_runs_the_group_again_alone(ledger: Ledger) -> None:
+    """Two works swap one document from the same old body: in one statement the document
+    changes once, the group is undone, and alone the first swap wins and the second, at once,
+    says False, as two swaps one after the other would."""
+    store = ObjectStore(ledger.engine, group_writes=True)
+    store.create("thing", "t1", {"v": 0})
+    store.create("thing", "t2", {"v": 0})
+
+    def second(conn: Connection) -> bool:  # t1 from v 0 as well, to another value
+        return store.swap_in(conn, "thing", "t1", {"v": 0}, {"v": 7}, later=True)
+
+    answers = _asked(store, [_swap_later(store, 1), second, _swap_later(store, 2)])
+    assert answers == [True, False, True]
+    assert store.get("thing", "t1").body == {"v": 101}
+    assert store.get("thing", "t2").body == {"v": 102}
+
+
+def test_a_read_in_the_group_sees_the_updates_held_before_it(ledger: Ledger) -> None:
+    """A work reads by key a document an earlier work of its group swapped, held: the held
+    updates are written first, so it reads the new body (and swaps from it)."""
+    store = ObjectStore(ledger.engine, group_writes=True)
+    store.create("thing", "t1", {"v": 0})
+    made = _statements(ledger)
+
+    def then(conn: Connection) -> Any:
+        seen = store.find_in(conn, "thing", "t1")
+        assert seen is not None
+        store.update_in(conn, "thing", "t1", {"v": seen.body["v"] + 1}, later=True)
+        return seen.body
+
+    answers = _asked(store, [_swap_later(store, 1), then])
+    assert answers == [True, {"v": 101}]
+    assert store.get("thing", "t1").body == {"v": 102}
+    assert [sql.split(None, 1)[0].upper() for sql in made].count("UPDATE") == 2, made
+
+
+def _ending(ledger: Ledger) -> tuple[Any, Callable[[str], Callable[[Connection], Any]]]:
+    """The conductor's guarded operations on `ledger`, and a work that ends one, held."""
+    from stowage.ledger.operations import Operations
+
+    ops = Operations(ledger.engine, guarded=True)
+
+    def end(op_id: str) -> Callable[[Connection], Any]:
+        def work(conn: Connection) -> str:
+            ops.advance(conn, op_id, state="done", result={"op": op_id}, later=True)
+            return op_id
+
+        return work
+
+    return ops, end
+
+
+def test_operations_ended_later_are_one_statement(ledger: Ledger) -> None:
+    """Five works each end an operation with its result, held: one UPDATE of the operations
+    before the commit, each ended with its own result."""
+    store = ObjectStore(ledger.engine, group_writes=True)
+    ops, end = _ending(ledger)
+    ids = [ops.enqueue("build", f"i{n}", "h", step="spawn") for n in range(5)]
+    made = _statements(ledger)
+    assert _asked(store, [end(op_id) for op_id in ids]) == ids
+    updates = [sql for sql in made if sql.split(None, 1)[0].upper() == "UPDATE"]
+    assert len(updates) == 1, made
+    for op_id in ids:
+        op = ops.find(op_id)
+        assert op is not None
+        assert (op.state, op.result) == ("done", {"op": op_id})
+
+
+def test_an_operation_ended_before_its_held_end_fails_alone(ledger: Ledger) -> None:
+    """Of three held ends, one is of an operation that had already ended: the group is undone
+    and, alone, that work fails with OperationEnded while the others end theirs."""
+    from stowage.ledger.operations import OperationEnded
+
+    store = ObjectStore(ledger.engine, group_writes=True)
+    ops, end = _ending(ledger)
+    ids = [ops.enqueue("build", f"j{n}", "h", step="spawn") for n in range(3)]
+    ops.update(ids[1], state="failed")
+    answers = _asked(store, [end(op_id) for op_id in ids])
+    assert answers[0] == ids[0] and answers[2] == ids[2]
+    assert isinstance(answers[1], OperationEnded)
+    assert [getattr(ops.find(op_id), "state", None) for op_id in ids] == ["done", "failed", "done"]
+
+
+def test_the_spawns_of_a_group_commit_in_three_updates(tmp_path: Path) -> None:
+    """Five spawns that end at one moment commit in one group: their instances' swaps, their
+    actions' events and their operations' ends are one UPDATE each (before: three a spawn,
+    each a hand-over of the interpreter with the write lock held), and each instance is
+    ACTIVE with its operation done and its action's event."""
+    from tests.agent.test_conductor import FAST
+    from tests.agent.test_use_cases import open_cloud, request
+
+    from stowage.bus.inproc import InProcTransport
+    from stowage.services.compute import build_servers, schedule_builds
+    from stowage.services.conductor import Conductor
+
+    cloud = open_cloud(f"sqlite:///{tmp_path / 'ledger.db'}", tmp_path / "state", group_writes=True)
+    try:
+        made = [build_servers(cloud, request(1), f"req-{n}")[0]["id"] for n in range(5)]
+        schedule_builds(cloud, [op for op in cloud.operations.active() if op.step == "schedule"])
+        spawns = [op for op in cloud.operations.active() if op.step == "spawn"]
+        assert sorted(op.instance_id for op in spawns) == sorted(made)
+        conductor = Conductor(cloud, InProcTransport(), FAST)
+        statements = _statements(cloud.ledger)
+        answers = _called(
+            cloud.objects,
+            [functools.partial(conductor._spawned, op, {"ok": True}) for op in spawns],
+        )
+        assert answers == [None] * 5
+        # The held writer's own work inserts "first"; the group's statements are the rest.
+        updates = [s for s in statements if s.split(None, 1)[0].upper() == "UPDATE"]
+        assert len(updates) == 3, updates
+        for op in spawns:
+            body = cloud.objects.get("instance", op.instance_id).body
+            assert (body["status"], body["task_state"]) == ("ACTIVE", None)
+            ended = cloud.operations.find(op.id)
+            assert ended is not None and ended.state == "done"
+            key = f"{op.payload['request_id']}:{op.instance_id}"
+            action = cloud.objects.get("instance_action", key)
+            assert action.body["events"][-1]["result"] == "Success"
+    finally:
+        cloud.ledger.close()
+
+
+def test_a_missed_held_write_a_work_swallows_still_undoes_the_group(ledger: Ledger) -> None:
+    """A work whose read makes the group write its held swaps, one of which misses, and
+    which catches what that raises: the group still does not commit as it stands (the miss
+    is raised again as it ends), and alone each work gets its own answer."""
+    store = ObjectStore(ledger.engine, group_writes=True)
+    store.create("thing", "t1", {"v": 0})
+
+    def stale(conn: Connection) -> bool:  # from v 0 again: misses once t1 is 101
+        return store.swap_in(conn, "thing", "t1", {"v": 0}, {"v": 5}, later=True)
+
+    def swallows(conn: Connection) -> str:
+        try:
+            store.find_in(conn, "thing", "t1")
+        except Exception as exc:
+            return type(exc).__name__
+        return "read"
+
+    answers = _asked(store, [_swap_later(store, 1), stale, swallows])
+    assert answers == [True, False, "read"]
+    assert store.get("thing", "t1").body == {"v": 101}

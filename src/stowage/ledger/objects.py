@@ -40,6 +40,7 @@ from stowage.ledger.schema import objects
 
 __all__ = [
     "Document",
+    "HeldWriteMissed",
     "NewDocument",
     "ObjectStore",
     "decode_body",
@@ -47,6 +48,7 @@ __all__ = [
     "group_memo",
     "held_inserts",
     "insert_rows",
+    "update_later",
 ]
 
 log = logging.getLogger(__name__)
@@ -153,6 +155,39 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
         pending.add(table, rows)
 
 
+class HeldWriteMissed(Exception):
+    """A write held to the end of a group (`update_later`) found fewer rows than it was
+    given: a document it swaps had moved, or an operation it ends had ended. The group's
+    transaction is to be undone and its works run again, each alone, where the same write
+    runs at once and its caller sees the miss as it always did."""
+
+
+def update_later(
+    conn: Connection,
+    table: Table,
+    match: Mapping[str, Any],
+    values: Mapping[str, Any],
+    *,
+    where: str = "",
+) -> bool:
+    """Hold `UPDATE table SET values WHERE match [AND where]` to the end of the group write or
+    `held_inserts` block running on `conn`, where the held updates of a shape (table, columns,
+    `where`) are written as one statement, which must change one row for each (else
+    `HeldWriteMissed`). True if held; False when nothing holds writes on `conn`, or on
+    PostgreSQL: the caller runs its own statement at once.
+
+    Only on SQLite: there the group holds the database's one write lock from its first
+    statement, so a row the work read in the group cannot change before the end (a held
+    compare-and-swap can miss only through the group's own writes); and each statement held
+    so is one hand-over of the interpreter less with that lock held (docs/performance.md,
+    session 20). `where` is SQL on the table's own columns, fixed for the shape."""
+    pending = _pending_of(conn)
+    if pending is None or conn.dialect.paramstyle != "qmark":
+        return False
+    pending.update(table, match, values, where)
+    return True
+
+
 def group_memo(conn: Connection) -> dict[Any, Any] | None:
     """While the works of a group write run on `conn` (`ObjectStore.write_together`; or
     inside `held_inserts`), a dict that lasts as long as the block, for what its works read
@@ -193,18 +228,27 @@ def _holding(conn: Connection) -> Iterator[_Pending]:
 
 
 def flush_inserts(conn: Connection) -> None:
-    """Write the rows `insert_rows` holds for `conn`'s group, so that its next reads see them."""
+    """Write the rows `insert_rows` holds for `conn`'s group, and the updates `update_later`
+    holds, so that its next reads see them."""
     pending = _pending_of(conn)
     if pending is not None:
         pending.write(conn)
 
 
+_UpdateShape = tuple[str, tuple[str, ...], tuple[str, ...], str]  # table, match, set, where
+
+
 class _Pending:
     """The rows a group's works insert (`insert_rows`), written in one multi-row INSERT a
-    table and set of columns. Inserted one work at a time, SQLite stepped each row alone (an
-    executemany is one step a row), and each step let go of the interpreter while the group
-    held the write lock: a hand-over to another thread and a wait to get it back, the most
-    of a hold (docs/performance.md, session 18)."""
+    table and set of columns, and the rows they update (`update_later`), in one UPDATE a
+    shape. Inserted one work at a time, SQLite stepped each row alone (an executemany is one
+    step a row), and each step let go of the interpreter while the group held the write lock:
+    a hand-over to another thread and a wait to get it back, the most of a hold
+    (docs/performance.md, session 18).
+
+    A read by key of a document whose update is held (`ObjectStore.find_in` and the reads
+    built on it) writes what is held first, so a work sees the writes of the works before
+    it; held inserts are seen only after `flush_inserts`."""
 
     rows_max = 300  # a statement's rows: SQLite allows 32,766 parameters in one
 
@@ -212,16 +256,28 @@ class _Pending:
         self.work = 0  # the index of the work running now
         self.others = 0  # rows written for works other than the one running then
         self.memo: dict[Any, Any] = {}  # `group_memo`
+        self.touched: set[tuple[str, str]] = set()  # documents (kind, id) with held updates
+        self.missed: HeldWriteMissed | None = None  # raised again by every later write
         self._rows: list[tuple[int, Table, Mapping[str, Any]]] = []
+        self._updates: list[tuple[int, _UpdateShape, tuple[Any, ...]]] = []
 
     def add(self, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
         self._rows.extend((self.work, table, row) for row in rows)
 
+    def update(
+        self, table: Table, match: Mapping[str, Any], values: Mapping[str, Any], where: str
+    ) -> None:
+        shape = (table.name, tuple(match), tuple(values), where)
+        self._updates.append((self.work, shape, (*match.values(), *values.values())))
+
     def drop(self, work: int) -> None:
         """Forget what the `work`th work asked for (it failed)."""
         self._rows = [held for held in self._rows if held[0] != work]
+        self._updates = [held for held in self._updates if held[0] != work]
 
     def write(self, conn: Connection) -> None:
+        if self.missed is not None:  # a work caught it: the group's end must not commit
+            raise self.missed
         shapes: dict[tuple[Table, tuple[str, ...]], list[Mapping[str, Any]]] = {}
         for work, table, row in self._rows:
             shapes.setdefault((table, tuple(row)), []).append(row)
@@ -235,6 +291,31 @@ class _Pending:
                 chunk = rows[start : start + self.rows_max]
                 sql = _multi_insert(table.name, columns, len(chunk))
                 conn.exec_driver_sql(sql, tuple(row[c] for row in chunk for c in columns))
+        # After the inserts: an update may be of a row the group inserted.
+        updates: dict[_UpdateShape, list[tuple[Any, ...]]] = {}
+        for _work, shape, params in self._updates:
+            updates.setdefault(shape, []).append(params)
+        others = sum(work != self.work for work, _shape, _params in self._updates)
+        self._updates = []
+        self.touched = set()
+        for shape, values in updates.items():
+            for start in range(0, len(values), self.rows_max):
+                part = values[start : start + self.rows_max]
+                sql = _multi_update(*shape, len(part))
+                changed = conn.exec_driver_sql(sql, tuple(v for row in part for v in row))
+                if changed.rowcount != len(part):
+                    self.missed = HeldWriteMissed(
+                        f"{len(part) - changed.rowcount} of {len(part)} held updates of "
+                        f"{shape[0]} found no row"
+                    )
+                    raise self.missed
+        self.others += others
+
+    def see(self, conn: Connection, keys: Iterable[tuple[str, str]]) -> None:
+        """Before a read of these documents in the group: write what is held if one of them
+        has an update held."""
+        if self.touched and not self.touched.isdisjoint(keys):
+            self.write(conn)
 
 
 @functools.lru_cache(maxsize=256)
@@ -244,6 +325,29 @@ def _multi_insert(table: str, columns: tuple[str, ...], rows: int) -> str:
     one = "(" + ", ".join("?" * len(columns)) + ")"
     names = ", ".join(f'"{c}"' for c in columns)
     return f'INSERT INTO "{table}" ({names}) VALUES ' + ", ".join([one] * rows)
+
+
+@functools.lru_cache(maxsize=256)
+def _multi_update(
+    table: str, match: tuple[str, ...], values: tuple[str, ...], where: str, rows: int
+) -> str:
+    """`UPDATE table SET ... FROM (VALUES ...) AS v WHERE ...`: `rows` updates of one shape
+    in one statement (SQLite's UPDATE FROM, 3.33 and later), each row's `match` columns equal
+    to its first values and its `values` columns set to the rest. Two rows of one target
+    change it once, and the statement's count of changed rows says so. (Not a `WITH v(...)`
+    before the UPDATE: Python's sqlite3 counts the changed rows only of a statement that
+    begins with its verb.)"""
+    width = len(match) + len(values)
+    one = "(" + ", ".join("?" * width) + ")"
+    # VALUES names its columns column1, column2, ...
+    sets = ", ".join(f'"{c}" = v.column{len(match) + i + 1}' for i, c in enumerate(values))
+    conditions = [f'"{table}"."{c}" = v.column{i + 1}' for i, c in enumerate(match)]
+    if where:
+        conditions.append(where)
+    return (
+        f'UPDATE "{table}" SET {sets} FROM (VALUES {", ".join([one] * rows)}) AS v '
+        f"WHERE {' AND '.join(conditions)}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,13 +574,18 @@ class ObjectStore:
         body: Mapping[str, Any],
         *,
         keep: tuple[str, ...] = (),
+        later: bool = False,
     ) -> None:
         """Replace a document inside a transaction the caller holds (with a ledger change).
 
         `keep` names fields whose stored values win over `body`'s: requests that another
         writer may have set since `body` was read (an abort of a migration in flight).
+        `later`: held to the end of the group write on `conn` (`update_later`), where a
+        document gone undoes the group instead of raising NotFound here.
         """
         self._changed(kind)
+        if later and not keep and self._hold(conn, kind, id, None, body):
+            return
         if keep:
             current = conn.execute(_FIND_FOR_UPDATE, {"k_kind": kind, "k_id": id}).scalar()
             if current is not None:
@@ -504,10 +613,21 @@ class ObjectStore:
         return swapped
 
     def swap_in(
-        self, conn: Connection, kind: str, id: str, old: Mapping[str, Any], new: Mapping[str, Any]
+        self,
+        conn: Connection,
+        kind: str,
+        id: str,
+        old: Mapping[str, Any],
+        new: Mapping[str, Any],
+        *,
+        later: bool = False,
     ) -> bool:
-        """`swap` inside a transaction the caller holds."""
+        """`swap` inside a transaction the caller holds. `later`: held to the end of the group
+        write on `conn` (`update_later`) and True; a document that moved by then undoes the
+        group, whose works run again alone, where this swap runs at once and says False."""
         self._changed(kind)
+        if later and self._hold(conn, kind, id, old, new):
+            return True
         values = {
             "k_kind": kind,
             "k_id": id,
@@ -517,6 +637,29 @@ class ObjectStore:
             "v_ref": _ref(kind, new),
         }
         return bool(conn.execute(_SWAP, values).rowcount)
+
+    def _hold(
+        self,
+        conn: Connection,
+        kind: str,
+        id: str,
+        old: Mapping[str, Any] | None,
+        new: Mapping[str, Any],
+    ) -> bool:
+        match: dict[str, Any] = {"kind": kind, "id": id}
+        if old is not None:
+            match["body"] = json.dumps(dict(old), sort_keys=True)
+        values = {
+            "body": json.dumps(dict(new), sort_keys=True),
+            "updated_at": self.clock(),
+            "ref": _ref(kind, new),
+        }
+        if not update_later(conn, objects, match, values):
+            return False
+        pending = _pending_of(conn)
+        assert pending is not None
+        pending.touched.add((kind, id))
+        return True
 
     def next_number(self, counter: str, first: Callable[[], int] = lambda: 1) -> int:
         """The next value of a named counter, unique across processes; `first` starts it."""
@@ -544,11 +687,13 @@ class ObjectStore:
 
     def find_in(self, conn: Connection, kind: str, id: str) -> Document | None:
         """`find` inside a transaction the caller holds (its own writes are seen)."""
+        _see(conn, ((kind, id),))
         row = conn.execute(_FIND, {"k_kind": kind, "k_id": id}).first()
         return None if row is None else _doc(row)
 
     def find(self, kind: str, id: str) -> Document | None:
         with self.reading() as conn:
+            _see(conn, ((kind, id),))
             row = conn.execute(_FIND, {"k_kind": kind, "k_id": id}).first()
         return None if row is None else _doc(row)
 
@@ -566,6 +711,8 @@ class ObjectStore:
         self, conn: Connection, keys: Iterable[tuple[str, str]]
     ) -> dict[tuple[str, str], Document]:
         """`find_each` inside a transaction the caller holds (its own writes are seen)."""
+        keys = list(keys)
+        _see(conn, keys)
         by_kind: dict[str, list[str]] = {}
         for kind, id in keys:
             by_kind.setdefault(kind, []).append(id)
@@ -637,6 +784,13 @@ class ObjectStore:
 
 
 _LISTS: dict[frozenset[str], Select[Any]] = {}
+
+
+def _see(conn: Connection, keys: Iterable[tuple[str, str]]) -> None:
+    """A read by key in a group write sees the updates its works hold (`_Pending.see`)."""
+    pending = _pending_of(conn)
+    if pending is not None:
+        pending.see(conn, keys)
 
 
 def _list_statement(params: Mapping[str, Any]) -> Select[Any]:
@@ -784,8 +938,10 @@ class _GroupWriter:
                     value = work(conn)
                 except Exception as exc:
                     # Rows it made the group write for the works before it (a quota count's
-                    # `flush_inserts`) are theirs, not its own.
-                    if raw.total_changes - changed != pending.others - others:
+                    # `flush_inserts`) are theirs, not its own; a held update that missed
+                    # may be any work's.
+                    wrote = raw.total_changes - changed != pending.others - others
+                    if wrote or isinstance(exc, HeldWriteMissed):
                         raise _WroteThenFailed(index) from exc
                     pending.drop(index)
                     done.append((answer, None, exc))

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Engine, Update, and_, bindparam, insert, or_,
 
 from stowage.domain.ids import new_uuid
 from stowage.ledger.db import READONLY
-from stowage.ledger.objects import decode_body, insert_rows
+from stowage.ledger.objects import decode_body, insert_rows, update_later
 from stowage.ledger.schema import operations
 
 __all__ = ["ACTIVE_STATES", "TERMINAL_STATES", "Operation", "OperationEnded", "Operations"]
@@ -98,6 +98,8 @@ _END_EACH = (
     )
 )
 _END_EACH_GUARDED = _END_EACH.where(operations.c.state.in_(ACTIVE_STATES))
+_STILL_ACTIVE = f'"{operations.name}"."state" IN ({", ".join(repr(s) for s in ACTIVE_STATES)})'
+"""The guard of a held `advance` (`update_later`'s `where`), as `_advance_statement`'s."""
 
 
 def _advance_statement(columns: frozenset[str], guarded: bool) -> Update:
@@ -233,8 +235,13 @@ class Operations:
         result: Mapping[str, Any] | None = None,
         retry_in_s: float | None = None,
         attempts: int | None = None,
+        later: bool = False,
     ) -> None:
-        """Move an operation on, inside the caller's transaction (with what it changes)."""
+        """Move an operation on, inside the caller's transaction (with what it changes).
+
+        `later`: held to the end of the group write on `conn` (`update_later`), with the other
+        works' in one statement; an operation ended by then undoes the group, whose works
+        run again alone, where this raises OperationEnded at once (guarded only)."""
         now = self.clock()
         values: dict[str, Any] = {"updated_at": now}
         if state is not None:
@@ -252,6 +259,10 @@ class Operations:
         if attempts is not None:
             values["attempts"] = attempts
         values["next_at"] = now + (retry_in_s or 0.0)
+        if later and self.guarded:
+            ordered = dict(sorted(values.items()))  # one shape for one set of columns
+            if update_later(conn, operations, {"id": op_id}, ordered, where=_STILL_ACTIVE):
+                return
         query = _advance_statement(frozenset(values), self.guarded)
         params = {"v_" + c: v for c, v in values.items()}
         params["k_id"] = op_id

@@ -494,7 +494,7 @@ def _place(
 
     def placed(conn: Connection, claim: Any) -> None:
         # The claim commits with the instance's host and its next step, or not at all; the
-        # step inserted with the batch's others (`held_inserts`).
+        # step inserted and the instance swapped with the batch's others (`held_inserts`).
         doc = instance_in(conn, claim.instance_id)
         if doc is None or doc.body.get("task_state") != "scheduling":
             raise ClaimRefused(f"instance {claim.instance_id} no longer waits to be scheduled")
@@ -503,7 +503,10 @@ def _place(
         body["host"] = host
         wants_ports = isinstance(body.get("networks"), list) and bool(body["networks"])
         body["task_state"] = "networking" if wants_ports else "spawning"
-        if not cloud.objects.swap_in(conn, "instance", claim.instance_id, doc.body, body):
+        swapped = cloud.objects.swap_in(
+            conn, "instance", claim.instance_id, doc.body, body, later=True
+        )
+        if not swapped:
             raise ClaimRefused(f"instance {claim.instance_id} changed while it was scheduled")
         cloud.operations.enqueue(
             "build",

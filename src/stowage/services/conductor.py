@@ -622,7 +622,8 @@ class Conductor:
     def _active_in(self, conn: Connection, *, op: Operation, reply: Reply) -> str | None:
         """A spawned instance ACTIVE, its operation done and its action's event, in `conn`:
         the shelved image it leaves behind, if any, for the caller to drop after the commit.
-        The instance and its action are read in one statement."""
+        The instance and its action are read in one statement; the three writes are held to
+        the end of the group (`later`), where each is one statement for the group's spawns."""
         from stowage.services.shelve import drop_shelved_image_in
 
         cloud = self.cloud
@@ -641,9 +642,11 @@ class Conductor:
         else:
             body["fault"] = None
         body.pop("shelved_image_id", None)  # unshelved: its image goes (Nova's)
-        body = write_instance(cloud, op.instance_id, before, body, conn=conn, current=before)
+        body = write_instance(
+            cloud, op.instance_id, before, body, conn=conn, current=before, later=True
+        )
         server_volumes.attached_ended(cloud, conn, body, True)
-        self.ops.advance(conn, op.id, state="done", result=reply)
+        self.ops.advance(conn, op.id, state="done", result=reply, later=True)
         shelved = drop_shelved_image_in(cloud, conn, before)
         action = None if action_key is None else read.get(action_key)
         _event_on(cloud, op, action, body, "Success", None, conn=conn)
@@ -1386,7 +1389,8 @@ def _event_on(
     if result == "Error":
         action["message"] = message
     if conn is not None:
-        cloud.objects.update_in(conn, "instance_action", doc.id, action)
+        # Held to the end of a group write on `conn` where there is one (a spawn's commit).
+        cloud.objects.update_in(conn, "instance_action", doc.id, action, later=True)
         return
     with contextlib.suppress(NotFound):
         cloud.objects.update("instance_action", doc.id, action)

@@ -51,14 +51,16 @@ def write_document(
     conn: Connection | None = None,
     name: str | None = None,
     current: Mapping[str, Any] | None = None,
+    later: bool = False,
 ) -> dict[str, Any]:
     """Apply what changed from `before` to `after` onto the stored document, by
     compare-and-swap; inside `conn`'s transaction when given. Returns the body written.
 
     `current`: the stored body as `conn`'s transaction read it (a writer that read `before`
-    there): the first swap is tried on it without reading the document again."""
+    there): the first swap is tried on it without reading the document again. `later`: that
+    swap held to the end of the group write on `conn` (`ObjectStore.swap_in`)."""
     if conn is not None:
-        return _swap_changes(cloud, conn, kind, doc_id, before, after, name, current)
+        return _swap_changes(cloud, conn, kind, doc_id, before, after, name, current, later)
     with cloud.ledger.engine.begin() as own:
         return _swap_changes(cloud, own, kind, doc_id, before, after, name, current)
 
@@ -102,6 +104,7 @@ def _swap_changes(
     after: Mapping[str, Any],
     name: str | None,
     known: Mapping[str, Any] | None = None,
+    later: bool = False,
 ) -> dict[str, Any]:
     changes = changes_of(before, after)
     label = kind.replace("_", " ").capitalize()
@@ -120,7 +123,7 @@ def _swap_changes(
                 f"{label} {doc_id} changed since it was read ({', '.join(moved)}); try again"
             )
         new = {**current, **changes}
-        if cloud.objects.swap_in(conn, kind, doc_id, current, new):
+        if cloud.objects.swap_in(conn, kind, doc_id, current, new, later=later):
             if name is not None:
                 cloud.objects.rename_in(conn, kind, doc_id, name)
             return new

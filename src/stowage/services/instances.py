@@ -31,12 +31,21 @@ def write_instance(
     conn: Connection | None = None,
     name: str | None = None,
     current: Mapping[str, Any] | None = None,
+    later: bool = False,
 ) -> dict[str, Any]:
     """Apply what changed from `before` to `after` onto the stored instance, by
-    compare-and-swap; inside `conn`'s transaction when given (`current`: as `write_document`).
-    Returns the document written."""
+    compare-and-swap; inside `conn`'s transaction when given (`current`, `later`: as
+    `write_document`). Returns the document written."""
     return write_document(
-        cloud, "instance", instance_id, before, after, conn=conn, name=name, current=current
+        cloud,
+        "instance",
+        instance_id,
+        before,
+        after,
+        conn=conn,
+        name=name,
+        current=current,
+        later=later,
     )
 
 

@@ -12,6 +12,7 @@ from stowage.domain.claims import Claim, ClaimOutcome, ConsumerKind, RefusalCode
 from stowage.ledger.db import READONLY
 from stowage.ledger.ledger.core import (
     _BATCH_RETRIES_MAX,
+    ClaimRefused,
     CommitClaim,
     _Refusal,
     _refused,
@@ -19,7 +20,7 @@ from stowage.ledger.ledger.core import (
     _then,
 )
 from stowage.ledger.ledger.groups import Groups
-from stowage.ledger.objects import held_inserts
+from stowage.ledger.objects import HeldWriteMissed, held_inserts
 from stowage.ledger.schema import (
     allocations,
     cells,
@@ -70,11 +71,15 @@ class Claims(Groups):
                     self._lock_hosts(conn, {c.host_id for c in batch}, writer)
                     self._write_claims(conn, batch)
                     if also is not None:
-                        # What `also` inserts later (a build's next operation) goes in one
-                        # statement for the batch; replayed one by one, each at once.
-                        with held_inserts(conn):
-                            for claim in batch:
-                                also(conn, claim)
+                        # What `also` inserts or swaps later (a build's next operation, its
+                        # instance's host) goes in one statement for the batch; replayed one
+                        # by one, each at once (where a swap that misses refuses its claim).
+                        try:
+                            with held_inserts(conn):
+                                for claim in batch:
+                                    also(conn, claim)
+                        except HeldWriteMissed as exc:
+                            raise ClaimRefused(str(exc)) from exc
                 return [ClaimOutcome(c.consumer_id, c.host_id, True) for c in batch]
             except _Refusal as refusal:
                 if atomic:
