@@ -442,10 +442,11 @@ def test_an_operation_ended_before_its_held_end_fails_alone(ledger: Ledger) -> N
 
 
 def test_the_spawns_of_a_group_commit_in_three_updates(tmp_path: Path) -> None:
-    """Five spawns that end at one moment commit in one group: their instances' swaps, their
-    actions' events and their operations' ends are one UPDATE each (before: three a spawn,
-    each a hand-over of the interpreter with the write lock held), and each instance is
-    ACTIVE with its operation done and its action's event."""
+    """Five spawns that end at one moment commit in one group: their instances and actions
+    are read in one statement, and the instances' swaps, the actions' events and the
+    operations' ends are one UPDATE each (before: a read and three writes a spawn, each a
+    hand-over of the interpreter with the write lock held), and each instance is ACTIVE with
+    its operation done and its action's event."""
     from tests.agent.test_conductor import FAST
     from tests.agent.test_use_cases import open_cloud, request
 
@@ -466,9 +467,12 @@ def test_the_spawns_of_a_group_commit_in_three_updates(tmp_path: Path) -> None:
             [functools.partial(conductor._spawned, op, {"ok": True}) for op in spawns],
         )
         assert answers == [None] * 5
-        # The held writer's own work inserts "first"; the group's statements are the rest.
+        # The held writer's own work inserts "first"; the group's statements are the rest:
+        # one read of the five instances and their actions (before: one a spawn), and
         updates = [s for s in statements if s.split(None, 1)[0].upper() == "UPDATE"]
+        reads = [s for s in statements if s.split(None, 1)[0].upper() == "SELECT"]
         assert len(updates) == 3, updates
+        assert len(reads) == 1, reads
         for op in spawns:
             body = cloud.objects.get("instance", op.instance_id).body
             assert (body["status"], body["task_state"]) == ("ACTIVE", None)
@@ -501,3 +505,53 @@ def test_a_missed_held_write_a_work_swallows_still_undoes_the_group(ledger: Ledg
     answers = _asked(store, [_swap_later(store, 1), stale, swallows])
     assert answers == [True, False, "read"]
     assert store.get("thing", "t1").body == {"v": 101}
+
+
+def _reader(store: ObjectStore, n: int, *, write: bool = False) -> Callable[[Connection], Any]:
+    """A work that reads thing t{n} by key (and with `write`, then replaces it at once)."""
+
+    def work(conn: Connection) -> Any:
+        found = store.find_in(conn, "thing", f"t{n}")
+        assert found is not None
+        if write:
+            store.update_in(conn, "thing", f"t{n}", {"v": "written"})
+        return found.body
+
+    return work
+
+
+def test_what_the_works_of_a_group_read_is_read_once(ledger: Ledger) -> None:
+    """Six works that say which documents they read (one a missing one): one SELECT for
+    the group, and each work reads its own."""
+    store = ObjectStore(ledger.engine, group_writes=True)
+    for n in range(5):
+        store.create("thing", f"t{n}", {"v": n})
+
+    def missing(conn: Connection) -> Any:
+        return store.find_each_in(conn, [("thing", "nothing")])
+
+    made = _statements(ledger)
+    calls = [
+        *(
+            functools.partial(store.write_together, _reader(store, n), reads=[("thing", f"t{n}")])
+            for n in range(5)
+        ),
+        functools.partial(store.write_together, missing, reads=[("thing", "nothing")]),
+    ]
+    answers = _called(store, calls)
+    assert answers == [*({"v": n} for n in range(5)), {}]
+    reads = [sql for sql in made if sql.split(None, 1)[0].upper() == "SELECT"]
+    assert len(reads) == 1, made
+
+
+def test_a_document_the_group_wrote_is_read_again(ledger: Ledger) -> None:
+    """A work writes a document another work of its group said it reads: that work reads
+    it from the database and sees the write, not the group's read of before."""
+    store = ObjectStore(ledger.engine, group_writes=True)
+    store.create("thing", "t1", {"v": 1})
+    key = [("thing", "t1")]
+    calls = [
+        functools.partial(store.write_together, _reader(store, 1, write=True), reads=key),
+        functools.partial(store.write_together, _reader(store, 1), reads=key),
+    ]
+    assert _called(store, calls) == [{"v": 1}, {"v": "written"}]

@@ -152,6 +152,8 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
     if pending is None:
         _insert_now(conn, table, rows)
     else:
+        if table is objects:
+            pending.forget((row["kind"], row["id"]) for row in rows)
         pending.add(table, rows)
 
 
@@ -258,6 +260,10 @@ class _Pending:
         self.memo: dict[Any, Any] = {}  # `group_memo`
         self.touched: set[tuple[str, str]] = set()  # documents (kind, id) with held updates
         self.missed: HeldWriteMissed | None = None  # raised again by every later write
+        # The documents the works said they read (`write_together(reads=)`), read for the
+        # group in one statement: (kind, id) -> the document, or None if there is none. A key
+        # leaves as the group writes it through the store (`forget`).
+        self.read: dict[tuple[str, str], Document | None] = {}
         self._rows: list[tuple[int, Table, Mapping[str, Any]]] = []
         self._updates: list[tuple[int, _UpdateShape, tuple[Any, ...]]] = []
 
@@ -310,6 +316,12 @@ class _Pending:
                     )
                     raise self.missed
         self.others += others
+
+    def forget(self, keys: Iterable[tuple[str, str]]) -> None:
+        """These documents are written in the group: a read of them goes to the database."""
+        if self.read:
+            for key in keys:
+                self.read.pop(key, None)
 
     def see(self, conn: Connection, keys: Iterable[tuple[str, str]]) -> None:
         """Before a read of these documents in the group: write what is held if one of them
@@ -426,23 +438,30 @@ class ObjectStore:
         for kind in kinds:
             self._changed(kind)
 
-    def write_together(self, work: Callable[[Connection], T]) -> T:
+    def write_together(
+        self, work: Callable[[Connection], T], *, reads: Iterable[tuple[str, str]] = ()
+    ) -> T:
         """`work(conn)` inside a write transaction, as `with writing() as conn` would run it,
         and its value once that transaction has committed; its exception if it raised (then
         nothing it wrote is kept).
 
         With `group_writes` (a SQLite ledger, whose writers take turns at one lock anyway),
-        the work of callers that ask at the same moment runs in one transaction, each in a
-        savepoint of its own, on the store's writer thread: one BEGIN, one COMMIT and one
-        write of each page they share for all of them, and one turn at the lock. A work that
-        raises undoes only its own savepoint; a commit that fails runs each work again in a
-        transaction of its own. `work` must do nothing but its reads and writes on `conn`
-        (it may run twice, and in another thread): what follows the commit, its caller does.
-        Inside an open `writing()`, it joins that transaction."""
+        the work of callers that ask at the same moment runs in one transaction on the
+        store's writer thread: one BEGIN, one COMMIT and one write of each page they share
+        for all of them, and one turn at the lock (`_GroupWriter._run_each`: a work that
+        raises having written nothing fails alone; otherwise, as when the commit fails, each
+        work runs again in a transaction of its own). `work` must do nothing but its reads and
+        writes on `conn` (it may run twice, and in another thread): what follows the commit,
+        its caller does. Inside an open `writing()`, it joins that transaction.
+
+        `reads`: the documents (kind, id) the work reads by key (`find_in`, `find_each_in`):
+        in a group, read for all its works in one statement before the first runs, and each
+        work's reads of them answered from it until the group writes one (a spawn's instance
+        and action: one read a group, not one a spawn, with the write lock held)."""
         if self._group is None or self._held() is not None:
             with self.writing() as conn:
                 return work(conn)
-        return self._group.run(work)
+        return self._group.run(work, tuple(reads))
 
     def _held(self) -> _Held | None:
         held = _HELD.get()
@@ -503,6 +522,7 @@ class ObjectStore:
         now = self.clock()
         for kind in {n.kind for n in new}:
             self._changed(kind)
+        _forget(conn, [(n.kind, n.id) for n in new])
         (insert_rows if later else _insert_now)(
             conn,
             objects,
@@ -584,6 +604,7 @@ class ObjectStore:
         document gone undoes the group instead of raising NotFound here.
         """
         self._changed(kind)
+        _forget(conn, ((kind, id),))
         if later and not keep and self._hold(conn, kind, id, None, body):
             return
         if keep:
@@ -626,6 +647,7 @@ class ObjectStore:
         write on `conn` (`update_later`) and True; a document that moved by then undoes the
         group, whose works run again alone, where this swap runs at once and says False."""
         self._changed(kind)
+        _forget(conn, ((kind, id),))
         if later and self._hold(conn, kind, id, old, new):
             return True
         values = {
@@ -678,16 +700,23 @@ class ObjectStore:
 
     def rename_in(self, conn: Connection, kind: str, id: str, name: str) -> None:
         self._changed(kind)
+        _forget(conn, ((kind, id),))
         conn.execute(_RENAME, {"k_kind": kind, "k_id": id, "v_name": name})
 
     def delete_in(self, conn: Connection, kind: str, id: str) -> bool:
         """Delete a document inside a transaction the caller holds."""
         self._changed(kind)
+        _forget(conn, ((kind, id),))
         return bool(conn.execute(_DELETE, {"k_kind": kind, "k_id": id}).rowcount)
 
     def find_in(self, conn: Connection, kind: str, id: str) -> Document | None:
         """`find` inside a transaction the caller holds (its own writes are seen)."""
-        _see(conn, ((kind, id),))
+        key = (kind, id)
+        pending = _pending_of(conn)
+        if pending is not None:
+            if key in pending.read:
+                return pending.read[key]
+            pending.see(conn, (key,))
         row = conn.execute(_FIND, {"k_kind": kind, "k_id": id}).first()
         return None if row is None else _doc(row)
 
@@ -712,7 +741,12 @@ class ObjectStore:
     ) -> dict[tuple[str, str], Document]:
         """`find_each` inside a transaction the caller holds (its own writes are seen)."""
         keys = list(keys)
-        _see(conn, keys)
+        pending = _pending_of(conn)
+        if pending is not None:
+            read = pending.read
+            if read and all(key in read for key in keys):
+                return {key: doc for key in keys if (doc := read[key]) is not None}
+            pending.see(conn, keys)
         by_kind: dict[str, list[str]] = {}
         for kind, id in keys:
             by_kind.setdefault(kind, []).append(id)
@@ -793,6 +827,13 @@ def _see(conn: Connection, keys: Iterable[tuple[str, str]]) -> None:
         pending.see(conn, keys)
 
 
+def _forget(conn: Connection, keys: Iterable[tuple[str, str]]) -> None:
+    """A write of these documents in a group: its later reads of them go to the database."""
+    pending = _pending_of(conn)
+    if pending is not None:
+        pending.forget(keys)
+
+
 def _list_statement(params: Mapping[str, Any]) -> Select[Any]:
     """`list`'s SELECT (without a marker) for the filters given in `params`, built once per
     set of filters; each filter's value is the bound parameter of its name."""
@@ -846,6 +887,10 @@ def decode_body(text: str) -> Any:
 _LONG_DIGITS = re.compile(r"\d{19}")
 
 
+_Asked = tuple[Callable[[Connection], Any], "Future[Any]", tuple[tuple[str, str], ...]]
+"""A work asked of the group writer: the work, its caller's answer, the documents it reads."""
+
+
 class _GroupWriter:
     """The writer thread of `ObjectStore.write_together`: it takes what is waiting (up to
     `most` works), runs it in one transaction and answers each caller after the commit."""
@@ -854,15 +899,13 @@ class _GroupWriter:
 
     def __init__(self, store: ObjectStore) -> None:
         self._store = store
-        self._waiting: queue.SimpleQueue[tuple[Callable[[Connection], Any], Future[Any]]] = (
-            queue.SimpleQueue()
-        )
+        self._waiting: queue.SimpleQueue[_Asked] = queue.SimpleQueue()
         self._start = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def run(self, work: Callable[[Connection], T]) -> T:
+    def run(self, work: Callable[[Connection], T], reads: tuple[tuple[str, str], ...]) -> T:
         answer: Future[T] = Future()
-        self._waiting.put((work, answer))
+        self._waiting.put((work, answer, reads))
         if self._thread is None:
             with self._start:
                 if self._thread is None:
@@ -884,11 +927,11 @@ class _GroupWriter:
                 self._commit(batch)
             except BaseException as exc:  # never leave a caller waiting
                 log.exception("the group writer failed a batch of %d", len(batch))
-                for _work, answer in batch:
+                for _work, answer, _reads in batch:
                     if not answer.done():
                         answer.set_exception(exc)
 
-    def _commit(self, batch: list[tuple[Callable[[Connection], Any], Future[Any]]]) -> None:
+    def _commit(self, batch: list[_Asked]) -> None:
         done: list[tuple[Future[Any], Any, BaseException | None]] = []
         try:
             # This thread holds no transaction: `writing()` begins one, and tells the store's
@@ -897,7 +940,7 @@ class _GroupWriter:
                 if len(batch) == 1:  # alone: its transaction is its savepoint
                     done.append((batch[0][1], batch[0][0](conn), None))
                 else:
-                    self._run_each(conn, batch, done)
+                    self._run_each(self._store, conn, batch, done)
         except Exception as exc:
             if len(batch) == 1:
                 batch[0][1].set_exception(exc)
@@ -916,8 +959,9 @@ class _GroupWriter:
 
     @staticmethod
     def _run_each(
+        store: ObjectStore,
         conn: Connection,
-        batch: list[tuple[Callable[[Connection], Any], Future[Any]]],
+        batch: list[_Asked],
         done: list[tuple[Future[Any], Any, BaseException | None]],
     ) -> None:
         """Each work of a group in the group's transaction, and the rows they asked to insert
@@ -931,7 +975,11 @@ class _GroupWriter:
         whole group, whose works then run again each alone (`_commit`)."""
         raw: Any = conn.connection.dbapi_connection
         with _holding(conn) as pending:
-            for index, (work, answer) in enumerate(batch):
+            keys = list(dict.fromkeys(key for _work, _answer, reads in batch for key in reads))
+            if keys:  # what the works said they read, in one statement
+                found = store.find_each_in(conn, keys)
+                pending.read = {key: found.get(key) for key in keys}
+            for index, (work, answer, _reads) in enumerate(batch):
                 pending.work = index
                 changed, others = raw.total_changes, pending.others
                 try:

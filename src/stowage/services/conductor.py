@@ -627,9 +627,8 @@ class Conductor:
         from stowage.services.shelve import drop_shelved_image_in
 
         cloud = self.cloud
-        instance_key = ("instance", op.instance_id)
-        action_key = _action_key(op)
-        keys = [instance_key] if action_key is None else [instance_key, action_key]
+        instance_key, *others = keys = _spawn_reads(op)
+        action_key = others[0] if others else None
         read = cloud.objects.find_each_in(conn, keys)
         found = read.get(instance_key)
         if found is None:
@@ -667,9 +666,10 @@ class Conductor:
 
             # The instance is read in the commit that writes it (one transaction, and the
             # swap needs no second read of it); on `stowage up`, one with the other spawns
-            # that ended at the same moment (`ObjectStore.write_together`).
+            # that ended at the same moment (`ObjectStore.write_together`), whose instances
+            # and actions are read together.
             active = functools.partial(self._active_in, op=op, reply=reply)
-            shelved = cloud.objects.write_together(active)
+            shelved = cloud.objects.write_together(active, reads=_spawn_reads(op))
             self._ended_here[op.id] = "done"
             drop_image_data(cloud, shelved)
             return
@@ -1350,6 +1350,13 @@ def _event(
         return
     doc = cloud.objects.find(*key) if conn is None else cloud.objects.find_in(conn, *key)
     _event_on(cloud, op, doc, body, result, message, conn=conn)
+
+
+def _spawn_reads(op: Operation) -> list[tuple[str, str]]:
+    """What a spawn's commit reads: its instance, and its action if it has one."""
+    action_key = _action_key(op)
+    instance_key = ("instance", op.instance_id)
+    return [instance_key] if action_key is None else [instance_key, action_key]
 
 
 def _action_key(op: Operation) -> tuple[str, str] | None:
