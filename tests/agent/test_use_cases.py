@@ -532,6 +532,35 @@ def test_a_spawn_reads_the_instance_once_in_its_commit_and_not_its_operation_aft
     assert ("after", "operation") not in reads, reads
 
 
+def test_a_spawn_reads_its_instance_and_image_in_one_statement(cloud: Cloud) -> None:
+    """A build's spawn names its instance's image, so the spawn's inputs read the two in one
+    statement, and of its operation only the state (before: five reads, the operation's
+    whole row decoded); an image gone since gives no image, as its read did."""
+    image = {"id": "img", "status": "active", "disk_format": "qcow2", "size": 5}
+    cloud.objects.create("image", "img", image)
+    build_servers(cloud, request(1), "req")
+    schedule_builds(cloud, [op for op in cloud.operations.active() if op.step == "schedule"])
+    (op,) = [op for op in cloud.operations.active() if op.step == "spawn"]
+    assert op.payload["image_id"] == "img"
+    conductor = Conductor(cloud, InProcTransport(), FAST)
+    made: list[str] = []
+
+    def on_execute(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        made.append(" ".join(statement.replace('"', "").split()).upper())
+
+    event.listen(cloud.ledger.engine, "before_cursor_execute", on_execute)
+    try:
+        _claim, _devices, why, guest = conductor._spawn_inputs(op)
+    finally:
+        event.remove(cloud.ledger.engine, "before_cursor_execute", on_execute)
+    assert why is None and guest["image"]["id"] == "img", guest
+    selects = [s for s in made if s.startswith("SELECT")]
+    assert len(selects) == 4, selects  # the state, the claim, instance and image, the ports
+    assert any(s.startswith("SELECT OPERATIONS.STATE FROM OPERATIONS") for s in selects), selects
+    cloud.objects.delete("image", "img")
+    assert conductor._spawn_inputs(op)[3]["image"] is None
+
+
 def test_a_schedule_batch_reads_its_instances_at_once_and_places_them_all(
     cloud: Cloud, monkeypatch: pytest.MonkeyPatch
 ) -> None:

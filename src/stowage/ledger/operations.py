@@ -23,6 +23,7 @@ _INSERT = insert(operations)  # built once: building it per operation cost more 
 # The statements of every step, built once too (a statement built per call cost about three
 # times the CPU of running a prebuilt one: docs/performance.md, session 8).
 _FIND = select(operations).where(operations.c.id == bindparam("k_id"))
+_STATE = select(operations.c.state).where(operations.c.id == bindparam("k_id"))
 _FREE = or_(
     operations.c.owner.is_(None),
     operations.c.owner == bindparam("k_owner"),
@@ -343,6 +344,12 @@ class Operations:
                 .where(operations.c.state.in_(ACTIVE_STATES), operations.c.owner != owner)
                 .values(owner=None, lease_until=None)
             ).rowcount
+
+    def state_in(self, conn: Connection, op_id: str) -> str | None:
+        """The operation's state, inside a transaction the caller holds; None if there is no
+        such operation (a check that it is still active, without decoding the rest)."""
+        state: str | None = conn.execute(_STATE, {"k_id": op_id}).scalar()
+        return state
 
     def find_in(self, conn: Connection, op_id: str) -> Operation | None:
         """`find` inside a transaction the caller holds."""

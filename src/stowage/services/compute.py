@@ -513,7 +513,11 @@ def _place(
             claim.instance_id,
             host,
             step="ports" if wants_ports else "spawn",
-            payload={"request_id": request_ids.get(claim.instance_id, "")},
+            # The image, for the spawn to read with its instance (`Conductor._spawn_inputs`).
+            payload={
+                "request_id": request_ids.get(claim.instance_id, ""),
+                **({"image_id": body["image_id"]} if body.get("image_id") else {}),
+            },
             conn=conn,
             later=True,
         )

@@ -63,7 +63,7 @@ from stowage.domain.errors import NotFound
 from stowage.domain.topology import ResourceClass
 from stowage.ledger.db import READONLY
 from stowage.ledger.objects import Document
-from stowage.ledger.operations import Operation, OperationEnded, Operations
+from stowage.ledger.operations import TERMINAL_STATES, Operation, OperationEnded, Operations
 from stowage.ledger.schema import (
     allocations,
     consumers,
@@ -570,15 +570,20 @@ class Conductor:
         after it, and everything is read again."""
         cloud = self.cloud
         driven = False
+        instance_key = ("instance", op.instance_id)
+        # A build's spawn names its instance's image (`_place`): read with the instance.
+        image_id = op.payload.get("image_id")
+        keys = [instance_key, *([("image", str(image_id))] if image_id else [])]
         while True:
             with cloud.objects.reading() as conn:
-                current = self.ops.find_in(conn, op.id)
-                if current is None or current.finished:
+                state = self.ops.state_in(conn, op.id)
+                if state is None or state in TERMINAL_STATES:
                     raise NotFound(f"operation {op.id} ended before its spawn was sent")
                 claim = claim_in(conn, op.instance_id)
                 if claim is None:
                     raise NotFound(f"instance {op.instance_id} holds no claim")
-                doc = cloud.objects.find_in(conn, "instance", op.instance_id)
+                found = cloud.objects.find_each_in(conn, keys)
+                doc = found.get(instance_key)
                 if doc is None:
                     raise NotFound(f"instance {op.instance_id} is gone")
                 new: list[str] = []
@@ -586,7 +591,15 @@ class Conductor:
                     cloud, op.instance_id, new=new, body=doc.body
                 )
                 if not new or driven:
-                    guest = {} if why else guest_payload(cloud, op.instance_id, body=doc.body)
+                    images: dict[str, dict[str, Any] | None] = {}
+                    if image_id:  # read: the image, or None where there is none
+                        image = found.get(("image", str(image_id)))
+                        images[str(image_id)] = None if image is None else image.body
+                    guest = (
+                        {}
+                        if why
+                        else guest_payload(cloud, op.instance_id, body=doc.body, images=images)
+                    )
                     return claim, devices, why, guest
             for volume_id in new:
                 volume_service.drive(cloud, "volume", volume_id)

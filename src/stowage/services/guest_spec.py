@@ -21,11 +21,17 @@ from stowage.services.cloud import Cloud
 __all__ = ["guest_payload", "image_spec"]
 
 
-def image_spec(cloud: Cloud, image_id: str) -> dict[str, Any] | None:
-    """The driver's `ImageSpec` (as a payload) of an active image, None for any other."""
+def image_spec(
+    cloud: Cloud, image_id: str, known: Mapping[str, Mapping[str, Any] | None] | None = None
+) -> dict[str, Any] | None:
+    """The driver's `ImageSpec` (as a payload) of an active image, None for any other.
+    `known`: images the caller read already, by id (None: read, and there is none)."""
     from stowage.services import images
 
-    image = images.find_image(cloud, image_id) if image_id else None
+    if known is not None and image_id in known:
+        image = known[image_id]
+    else:
+        image = images.find_image(cloud, image_id) if image_id else None
     if image is None or image.get("status") != "active":
         return None
     return {
@@ -44,11 +50,12 @@ def guest_payload(
     *,
     flavor: dict[str, Any] | None = None,
     body: Mapping[str, Any] | None = None,
+    images: Mapping[str, Mapping[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """What the driver needs besides the claim, for `instance_id`.
 
     `flavor` overrides the instance's (a resize's new flavor); `body` is the instance as the
-    caller read it (read here otherwise).
+    caller read it (read here otherwise); `images`, the images it read with it (`image_spec`).
     """
     from stowage.services import networks
 
@@ -67,9 +74,9 @@ def guest_payload(
     # An unshelve boots from the image its shelve made of the disk, which is then rebased
     # onto the server's own image (flattened when that image is gone).
     image_id = (body.get("shelved_image_id") or body.get("image_id")) if body else None
-    out["image"] = image_spec(cloud, str(image_id or "")) if body else None
+    out["image"] = image_spec(cloud, str(image_id or ""), images) if body else None
     if body.get("shelved_image_id") and out["image"] is not None:
-        own = image_spec(cloud, str(body.get("image_id") or ""))
+        own = image_spec(cloud, str(body.get("image_id") or ""), images)
         out["rebase_image"] = own
         out["flatten_disk"] = own is None
     nics: dict[str, dict[str, Any]] = {}
