@@ -507,14 +507,19 @@ def test_a_missed_held_write_a_work_swallows_still_undoes_the_group(ledger: Ledg
     assert store.get("thing", "t1").body == {"v": 101}
 
 
-def _reader(store: ObjectStore, n: int, *, write: bool = False) -> Callable[[Connection], Any]:
-    """A work that reads thing t{n} by key (and with `write`, then replaces it at once)."""
+def _reader(store: ObjectStore, n: int, *, write: str = "") -> Callable[[Connection], Any]:
+    """A work that reads thing t{n} by key (and with `write`, then writes it at once: the
+    store's method of that name)."""
 
     def work(conn: Connection) -> Any:
         found = store.find_in(conn, "thing", f"t{n}")
         assert found is not None
-        if write:
+        if write == "update_in":
             store.update_in(conn, "thing", f"t{n}", {"v": "written"})
+        elif write == "update":  # outside the caller's connection: the group's, all the same
+            store.update("thing", f"t{n}", {"v": "written"})
+        elif write == "delete":
+            store.delete("thing", f"t{n}")
         return found.body
 
     return work
@@ -544,14 +549,21 @@ def test_what_the_works_of_a_group_read_is_read_once(ledger: Ledger) -> None:
     assert len(reads) == 1, made
 
 
-def test_a_document_the_group_wrote_is_read_again(ledger: Ledger) -> None:
+@pytest.mark.parametrize("write", ["update_in", "update", "delete"])
+def test_a_document_the_group_wrote_is_read_again(ledger: Ledger, write: str) -> None:
     """A work writes a document another work of its group said it reads: that work reads
     it from the database and sees the write, not the group's read of before."""
     store = ObjectStore(ledger.engine, group_writes=True)
     store.create("thing", "t1", {"v": 1})
     key = [("thing", "t1")]
+
+    def second(conn: Connection) -> Any:
+        found = store.find_each_in(conn, key)
+        return found[key[0]].body if found else None
+
     calls = [
-        functools.partial(store.write_together, _reader(store, 1, write=True), reads=key),
-        functools.partial(store.write_together, _reader(store, 1), reads=key),
+        functools.partial(store.write_together, _reader(store, 1, write=write), reads=key),
+        functools.partial(store.write_together, second, reads=key),
     ]
-    assert _called(store, calls) == [{"v": 1}, {"v": "written"}]
+    after = None if write == "delete" else {"v": "written"}
+    assert _called(store, calls) == [{"v": 1}, after]

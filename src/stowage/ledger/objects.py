@@ -578,6 +578,7 @@ class ObjectStore:
             values["name"] = name
         self._changed(kind)
         with self.writing() as conn:
+            _forget(conn, ((kind, id),))
             changed = conn.execute(
                 update(objects).where(objects.c.kind == kind, objects.c.id == id).values(**values)
             ).rowcount
@@ -768,6 +769,7 @@ class ObjectStore:
     def delete(self, kind: str, id: str) -> bool:
         self._changed(kind)
         with self.writing() as conn:
+            _forget(conn, ((kind, id),))
             deleted = bool(conn.execute(_DELETE, {"k_kind": kind, "k_id": id}).rowcount)
         self._changed(kind)
         return deleted
