@@ -57,10 +57,12 @@ def test_a_failed_add_leaves_the_ports_and_the_server_as_they_were(
 
         real_swap = ObjectStore.swap_in
 
-        def failing_swap(self: ObjectStore, conn: Any, kind: str, *args: Any) -> bool:
+        def failing_swap(
+            self: ObjectStore, conn: Any, kind: str, *args: Any, **kwargs: Any
+        ) -> bool:
             if kind == "instance":
                 raise ConflictError("injected: the server's write fails")
-            return real_swap(self, conn, kind, *args)
+            return real_swap(self, conn, kind, *args, **kwargs)
 
         with monkeypatch.context() as patched:
             patched.setattr(ObjectStore, "swap_in", failing_swap)

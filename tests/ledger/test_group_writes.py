@@ -567,3 +567,21 @@ def test_a_document_the_group_wrote_is_read_again(ledger: Ledger, write: str) ->
     ]
     after = None if write == "delete" else {"v": "written"}
     assert _called(store, calls) == [{"v": 1}, after]
+
+
+def test_a_held_update_reads_its_rows_by_key(ledger: Ledger) -> None:
+    """The held updates' statement finds each row by its key: SQLite's plan of it is no scan
+    (its walk of its own VALUES rows is not one), while a scan of a table inside a subquery
+    it materializes still is."""
+    from stowage.ledger.db import sqlite_scans
+    from stowage.ledger.objects import _multi_update
+
+    held = _multi_update("objects", ("kind", "id", "body"), ("body", "updated_at", "ref"), "", 3)
+    params = tuple(v for n in range(3) for v in ("thing", f"t{n}", "{}", "{}", 0.0, None))
+    scanning = (
+        "UPDATE objects SET body = v.b FROM (SELECT id AS i, body AS b FROM objects "
+        "WHERE body LIKE '%x%' LIMIT 5) AS v WHERE objects.kind = 'thing' AND objects.id = v.i"
+    )
+    with ledger.engine.connect() as conn:
+        assert sqlite_scans(conn, held, params) == []
+        assert any(step.startswith("SCAN objects") for step in sqlite_scans(conn, scanning, ()))

@@ -62,11 +62,17 @@ def sqlite_scans(conn: Connection, statement: str, params: Any) -> list[str]:
     """SQLite's plan of `statement` with `params`: its steps if one reads a whole table or
     index (`SCAN t`, a walk of a covering index included), else none. A scan costs nothing
     in a small ledger and grows with it, and the rows a statement returns do not show it
-    (bench/statements.py --plans, tests/api/test_boot_plans.py)."""
+    (bench/statements.py --plans, tests/api/test_boot_plans.py). A walk of the statement's
+    own list of values (`VALUES` rows, or a subquery of them it materialized, as a held
+    update's `FROM (VALUES ...) AS v`) is not a scan: a scan inside what it materialized is."""
     plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params).all()
     steps = [str(row[-1]) for row in plan]
-    if any(s.startswith("SCAN ") and "CONSTANT ROW" not in s for s in steps):
-        return steps
+    made = {s.split()[1] for s in steps if s.startswith("MATERIALIZE ") and len(s.split()) > 1}
+    for step in steps:
+        words = step.split()
+        scanned = words[1] if len(words) > 1 else ""
+        if words[0] == "SCAN" and "CONSTANT ROW" not in step and scanned not in made:
+            return steps
     return []
 
 
