@@ -723,9 +723,7 @@ class ObjectStore:
 
     def find(self, kind: str, id: str) -> Document | None:
         with self.reading() as conn:
-            _see(conn, ((kind, id),))
-            row = conn.execute(_FIND, {"k_kind": kind, "k_id": id}).first()
-        return None if row is None else _doc(row)
+            return self.find_in(conn, kind, id)
 
     def find_each(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], Document]:
         """The documents of these (kind, id) pairs that exist, by pair: one statement (a
@@ -820,13 +818,6 @@ class ObjectStore:
 
 
 _LISTS: dict[frozenset[str], Select[Any]] = {}
-
-
-def _see(conn: Connection, keys: Iterable[tuple[str, str]]) -> None:
-    """A read by key in a group write sees the updates its works hold (`_Pending.see`)."""
-    pending = _pending_of(conn)
-    if pending is not None:
-        pending.see(conn, keys)
 
 
 def _forget(conn: Connection, keys: Iterable[tuple[str, str]]) -> None:

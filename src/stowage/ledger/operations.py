@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Update, and_, bindparam, insert, or_, select, update
+from sqlalchemy.dialects import sqlite
 
 from stowage.domain.ids import new_uuid
 from stowage.ledger.db import READONLY
@@ -98,9 +99,13 @@ _END_EACH = (
         lease_until=None,
     )
 )
-_END_EACH_GUARDED = _END_EACH.where(operations.c.state.in_(ACTIVE_STATES))
-_STILL_ACTIVE = f'"{operations.name}"."state" IN ({", ".join(repr(s) for s in ACTIVE_STATES)})'
-"""The guard of a held `advance` (`update_later`'s `where`), as `_advance_statement`'s."""
+_GUARD = operations.c.state.in_(ACTIVE_STATES)
+"""A guarded write's condition: the operation has not ended (`Operations.guarded`)."""
+_END_EACH_GUARDED = _END_EACH.where(_GUARD)
+_STILL_ACTIVE = str(
+    _GUARD.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True})
+)
+"""`_GUARD` as the SQL of a held `advance` (`update_later`'s `where`, SQLite only)."""
 
 
 def _advance_statement(columns: frozenset[str], guarded: bool) -> Update:
@@ -110,7 +115,7 @@ def _advance_statement(columns: frozenset[str], guarded: bool) -> Update:
     if query is None:
         query = update(operations).where(operations.c.id == bindparam("k_id"))
         if guarded:
-            query = query.where(operations.c.state.in_(ACTIVE_STATES))
+            query = query.where(_GUARD)
         query = query.values({c: bindparam("v_" + c) for c in sorted(columns)})
         _ADVANCES[key] = query
     return query
@@ -260,10 +265,10 @@ class Operations:
         if attempts is not None:
             values["attempts"] = attempts
         values["next_at"] = now + (retry_in_s or 0.0)
-        if later and self.guarded:
-            ordered = dict(sorted(values.items()))  # one shape for one set of columns
-            if update_later(conn, operations, {"id": op_id}, ordered, where=_STILL_ACTIVE):
-                return
+        # Held, one statement a shape: a set of columns is always set in one order.
+        held = later and self.guarded
+        if held and update_later(conn, operations, {"id": op_id}, values, where=_STILL_ACTIVE):
+            return
         query = _advance_statement(frozenset(values), self.guarded)
         params = {"v_" + c: v for c, v in values.items()}
         params["k_id"] = op_id

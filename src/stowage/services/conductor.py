@@ -573,7 +573,8 @@ class Conductor:
         instance_key = ("instance", op.instance_id)
         # A build's spawn names its instance's image (`_place`): read with the instance.
         image_id = op.payload.get("image_id")
-        keys = [instance_key, *([("image", str(image_id))] if image_id else [])]
+        image_key = ("image", str(image_id)) if image_id else None
+        keys = [instance_key, *([] if image_key is None else [image_key])]
         while True:
             with cloud.objects.reading() as conn:
                 state = self.ops.state_in(conn, op.id)
@@ -592,9 +593,9 @@ class Conductor:
                 )
                 if not new or driven:
                     images: dict[str, dict[str, Any] | None] = {}
-                    if image_id:  # read: the image, or None where there is none
-                        image = found.get(("image", str(image_id)))
-                        images[str(image_id)] = None if image is None else image.body
+                    if image_key is not None:  # read: the image, or None where there is none
+                        image = found.get(image_key)
+                        images[image_key[1]] = None if image is None else image.body
                     guest = (
                         {}
                         if why
@@ -640,9 +641,8 @@ class Conductor:
         from stowage.services.shelve import drop_shelved_image_in
 
         cloud = self.cloud
-        instance_key, *others = keys = _spawn_reads(op)
-        action_key = others[0] if others else None
-        read = cloud.objects.find_each_in(conn, keys)
+        instance_key, action_key = ("instance", op.instance_id), _action_key(op)
+        read = cloud.objects.find_each_in(conn, _spawn_reads(op))
         found = read.get(instance_key)
         if found is None:
             raise NotFound(f"instance {op.instance_id} is gone")
@@ -1368,8 +1368,7 @@ def _event(
 def _spawn_reads(op: Operation) -> list[tuple[str, str]]:
     """What a spawn's commit reads: its instance, and its action if it has one."""
     action_key = _action_key(op)
-    instance_key = ("instance", op.instance_id)
-    return [instance_key] if action_key is None else [instance_key, action_key]
+    return [("instance", op.instance_id), *([] if action_key is None else [action_key])]
 
 
 def _action_key(op: Operation) -> tuple[str, str] | None:
