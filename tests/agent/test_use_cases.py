@@ -28,7 +28,7 @@ from stowage.services import migrations
 from stowage.services.audit import audit_cloud
 from stowage.services.cloud import Cloud, CloudConfig
 from stowage.services.compute import BuildRequest, build_servers, schedule_builds
-from stowage.services.conductor import Conductor
+from stowage.services.conductor import Conductor, ConductorConfig
 from stowage.services.groups import create_server_group
 from stowage.virt.sim import SimConfig, SimDriver
 
@@ -134,7 +134,13 @@ def unended_migrations(cloud: Cloud) -> list[dict[str, Any]]:
 _HYPERVISORS: dict[tuple[str, str], SimDriver] = {}
 
 
-def drive(cloud: Cloud, tmp_path: Path, until_true: Any, timeout_s: float = 30.0) -> dict[str, Any]:
+def drive(
+    cloud: Cloud,
+    tmp_path: Path,
+    until_true: Any,
+    timeout_s: float = 30.0,
+    config: ConductorConfig = FAST,
+) -> dict[str, Any]:
     """Run agents and a conductor (a new process's, as after a restart) until `until_true`,
     then until no operation is open; returns each host's running instances."""
 
@@ -150,7 +156,7 @@ def drive(cloud: Cloud, tmp_path: Path, until_true: Any, timeout_s: float = 30.0
             server = AgentServer(name, driver, bus, lambda n=name: cloud.ledger.heartbeat([n]))
             await server.serve()
             servers.append(server)
-        conductor = Conductor(cloud, bus, FAST)
+        conductor = Conductor(cloud, bus, config)
         task = asyncio.create_task(conductor.run())
         try:
             await until(cloud, until_true, timeout_s)
@@ -561,6 +567,124 @@ def test_a_spawn_reads_its_instance_and_image_in_one_statement(cloud: Cloud) -> 
     assert conductor._spawn_inputs(op)[3]["image"] is None
 
 
+def test_a_backlog_past_the_conductors_room_goes_on_without_waiting_for_a_poll(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """A conductor leases at most `concurrency_max` operations; before the fix, once it had
+    leased all it had room for, the rest waited for its next poll even as its tasks ended
+    (a backlog of creates waited out a poll every `concurrency_max` operations). Here the
+    poll never comes: the backlog must be taken as room is made."""
+    import dataclasses
+
+    for n in range(10):
+        build_servers(cloud, request(1), f"req-{n}")
+    never = dataclasses.replace(FAST, poll_s=3600.0, concurrency_max=3)
+    drive(cloud, tmp_path, lambda: statuses(cloud) == ["ACTIVE"] * 10, config=never)
+    assert audit_cloud(cloud.ledger, stale_after_s=0) == []
+
+
+def test_a_scheduled_builds_spawns_are_driven_without_a_lease_of_their_own(
+    cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim that places a build inserts its spawn leased to the conductor that planned
+    it, which drives it at once. Before, each scheduled batch's spawns waited for the
+    conductor's next poll and took a write transaction of their own to lease."""
+    from stowage.ledger.operations import Operations
+
+    leased_steps: list[str] = []
+    lease = Operations.lease
+
+    def watched(self: Operations, *args: Any, **kwargs: Any) -> Any:
+        taken = lease(self, *args, **kwargs)
+        leased_steps.extend(op.step for op in taken)
+        return taken
+
+    monkeypatch.setattr(Operations, "lease", watched)
+    for n in range(6):
+        build_servers(cloud, request(1), f"req-{n}")
+    drive(cloud, tmp_path, lambda: statuses(cloud) == ["ACTIVE"] * 6)
+    assert leased_steps.count("schedule") == 6 and "spawn" not in leased_steps, leased_steps
+    assert audit_cloud(cloud.ledger, stale_after_s=0) == []
+
+
+def test_a_spawn_started_with_its_schedule_waits_for_its_hosts_older_clean_up(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """A spawn driven straight from its schedule step still waits for an older clean-up of
+    its host (a guest left there, still running on pCPUs the ledger has let go): the host's
+    destroy of the old guest ends before the new guest is spawned."""
+    driver = SimDriver(SimConfig(disk_bytes=4096), disk_dir=tmp_path / "disks" / "host1")
+    _HYPERVISORS[(str(tmp_path), "host1")] = driver
+    driver.spawn("left-behind", {0: 2}, [0], 256)
+    driver.config.step_latency_s["destroy.stop"] = 0.5  # the clean-up still runs meanwhile
+    cloud.operations.enqueue("cleanup", "left-behind", "host1", step="destroy")
+    (vm,) = (d["id"] for d in build_servers(cloud, request(1, force_host="host1"), "req"))
+    seen_at_spawn: list[set[str]] = []
+    spawn = driver.spawn
+
+    def watched(instance_id: str, *args: Any, **kwargs: Any) -> None:
+        seen_at_spawn.append(set(driver.running()))
+        spawn(instance_id, *args, **kwargs)
+
+    driver.spawn = watched  # type: ignore[method-assign]
+    drive(cloud, tmp_path, lambda: statuses(cloud) == ["ACTIVE"])
+    assert seen_at_spawn == [set()], seen_at_spawn  # the old guest gone before the new one
+    assert sorted(driver.running()) == [vm]
+
+
+def test_spawns_due_together_read_their_inputs_in_one_thread_and_one_transaction(
+    cloud: Cloud,
+) -> None:
+    """A scheduled batch's spawns start in one turn of the conductor's loop; each read its
+    inputs in a thread and a transaction of its own (a hand-off there and back, a connection
+    and four statements each). Read together: one thread, one transaction, the operations'
+    states in one statement and the instances and image in another; each spawn gets what it
+    would have read alone, and one whose operation ended hears of it alone."""
+    image = {"id": "img", "status": "active", "disk_format": "qcow2", "size": 5}
+    cloud.objects.create("image", "img", image)
+    build_servers(cloud, request(5), "req")
+    schedule_builds(cloud, [op for op in cloud.operations.active() if op.step == "schedule"])
+    ops = sorted(
+        (op for op in cloud.operations.active() if op.step == "spawn"), key=lambda op: op.id
+    )
+    assert len(ops) == 5
+    conductor = Conductor(cloud, InProcTransport(), FAST)
+    alone = [conductor._spawn_inputs(op) for op in ops]
+    cloud.operations.update(ops[2].id, state="done")  # a delete ended this one meanwhile
+    made: list[tuple[int, str]] = []
+    checkouts: list[int] = []
+
+    def on_execute(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        made.append((threading.get_ident(), " ".join(statement.replace('"', "").split()).upper()))
+
+    def on_checkout(*_: Any) -> None:
+        checkouts.append(threading.get_ident())
+
+    async def together() -> list[Any]:
+        return await asyncio.gather(
+            *(conductor._spawn_inputs_together(op) for op in ops), return_exceptions=True
+        )
+
+    event.listen(cloud.ledger.engine, "before_cursor_execute", on_execute)
+    event.listen(cloud.ledger.engine, "checkout", on_checkout)
+    try:
+        answers = asyncio.run(together())
+    finally:
+        event.remove(cloud.ledger.engine, "before_cursor_execute", on_execute)
+        event.remove(cloud.ledger.engine, "checkout", on_checkout)
+    assert isinstance(answers[2], NotFound), answers[2]
+    assert [a for i, a in enumerate(answers) if i != 2] == [
+        a for i, a in enumerate(alone) if i != 2
+    ]
+    assert len({thread for thread, _ in made}) == 1 and len(checkouts) == 1
+    selects = [s for _, s in made if s.startswith("SELECT")]
+    states = [s for s in selects if s.startswith("SELECT OPERATIONS.ID, OPERATIONS.STATE")]
+    assert len(states) == 1, selects
+    by_key = [s for s in selects if "FROM OBJECTS" in s and "OBJECTS.REF =" not in s]
+    assert len(by_key) == 1, selects  # the instances and the image
+    assert len(selects) == 2 + 2 * 4, selects  # and a claim and the ports of each of four
+
+
 def test_a_schedule_batch_reads_its_instances_at_once_and_places_them_all(
     cloud: Cloud, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -591,10 +715,10 @@ def test_a_schedule_batch_reads_its_instances_at_once_and_places_them_all(
 
     planned = compute._place
 
-    def place(*args: Any, **kwargs: Any) -> None:
+    def place(*args: Any, **kwargs: Any) -> Any:
         event.remove(cloud.ledger.engine, "begin", on_begin)
         event.remove(cloud.ledger.engine, "before_cursor_execute", on_execute)
-        planned(*args, **kwargs)
+        return planned(*args, **kwargs)
 
     monkeypatch.setattr(compute, "_place", place)
     event.listen(cloud.ledger.engine, "begin", on_begin)
@@ -629,10 +753,10 @@ def test_a_batch_of_claims_reads_its_instances_and_inserts_their_next_steps_at_o
 
     planned = compute._place
 
-    def place(*args: Any, **kwargs: Any) -> None:
+    def place(*args: Any, **kwargs: Any) -> Any:
         event.listen(cloud.ledger.engine, "before_cursor_execute", on_execute)
         try:
-            planned(*args, **kwargs)
+            return planned(*args, **kwargs)
         finally:
             event.remove(cloud.ledger.engine, "before_cursor_execute", on_execute)
 
@@ -752,3 +876,66 @@ def test_a_spawn_the_bus_delivers_after_its_undo_is_refused(tmp_path: Path) -> N
 
     undone, spawned = asyncio.run(scenario())
     assert undone["ok"] and (spawned["ok"], spawned["code"]) == (False, "agent.call.stale")
+
+
+@pytest.mark.parametrize("found", ["nothing", "running", "stopped", "other pins"])
+def test_a_spawn_is_one_trip_to_the_driver_pool_and_settles_a_repeated_one(
+    tmp_path: Path, found: str
+) -> None:
+    """A spawn asked what the host runs, then spawned: two trips to the agent's driver pool
+    (each a thread hand-off there and back) where one does. What the host may run already
+    is still settled first: the guest as asked is left alone, one stopped with the same
+    pins started again, one with other pins destroyed and spawned anew."""
+    from stowage.bus.base import compute_topic
+    from stowage.virt.driver import InstanceState
+
+    driver = SimDriver(SimConfig(disk_bytes=4096), disk_dir=tmp_path / "d")
+    if found != "nothing":
+        driver.spawn("vm", {0: 3} if found == "other pins" else {0: 2}, [0], 256)
+    if found == "stopped":
+        driver.power_off("vm")
+    driver.calls.clear()
+
+    async def scenario() -> tuple[dict[str, Any], int]:
+        bus = InProcTransport()
+        server = AgentServer("h", driver, bus, lambda: None, clock=lambda: 0.0)
+        await server.serve()
+        trips = 0
+        pool = server.agent._driver_pool
+        assert pool is not None
+        submit = pool.submit
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal trips
+            trips += 1
+            return submit(*args, **kwargs)
+
+        pool.submit = counted  # type: ignore[method-assign]
+        try:
+            asked = {"instance_id": "vm", "issued_at": 1.0, "pins": {"0": 2}, "cells": [0]}
+            reply = await bus.call(
+                compute_topic("h"),
+                "spawn",
+                {**asked, "memory_mb": 256},
+                op_id="op-1:spawn",
+                timeout_s=5,
+            )
+            return reply, trips
+        finally:
+            await server.close()
+            await bus.close()
+
+    reply, trips = asyncio.run(scenario())
+    assert reply["ok"], reply
+    assert reply.get("already", False) == (found == "running")
+    assert trips == 1
+    assert driver.running()["vm"] == {"pins": {0: 2}, "state": InstanceState.RUNNING}
+    assert (
+        driver.calls
+        == {
+            "nothing": [("spawn", "vm")],
+            "running": [],
+            "stopped": [("power_on", "vm")],
+            "other pins": [("destroy", "vm"), ("spawn", "vm")],
+        }[found]
+    )

@@ -415,7 +415,7 @@ def test_operations_ended_later_are_one_statement(ledger: Ledger) -> None:
     before the commit, each ended with its own result."""
     store = ObjectStore(ledger.engine, group_writes=True)
     ops, end = _ending(ledger)
-    ids = [ops.enqueue("build", f"i{n}", "h", step="spawn") for n in range(5)]
+    ids = [ops.enqueue("build", f"i{n}", "h", step="spawn").id for n in range(5)]
     made = _statements(ledger)
     assert _asked(store, [end(op_id) for op_id in ids]) == ids
     updates = [sql for sql in made if sql.split(None, 1)[0].upper() == "UPDATE"]
@@ -433,7 +433,7 @@ def test_an_operation_ended_before_its_held_end_fails_alone(ledger: Ledger) -> N
 
     store = ObjectStore(ledger.engine, group_writes=True)
     ops, end = _ending(ledger)
-    ids = [ops.enqueue("build", f"j{n}", "h", step="spawn") for n in range(3)]
+    ids = [ops.enqueue("build", f"j{n}", "h", step="spawn").id for n in range(3)]
     ops.update(ids[1], state="failed")
     answers = _asked(store, [end(op_id) for op_id in ids])
     assert answers[0] == ids[0] and answers[2] == ids[2]

@@ -35,7 +35,7 @@ def test_a_poll_takes_what_is_free_and_only_that(ledger: Ledger) -> None:
     ops = Operations(ledger.engine, clock=clock)
     ids = []
     for n in range(5):
-        ids.append(ops.enqueue("build", f"i{n}", "h", step="spawn"))
+        ids.append(ops.enqueue("build", f"i{n}", "h", step="spawn").id)
         clock.now += 1  # oldest first
     first = ops.lease("a", lease_s=60, limit=3)
     assert [op.id for op in first] == ids[:3]  # up to the limit
@@ -48,7 +48,7 @@ def test_a_poll_takes_what_is_free_and_only_that(ledger: Ledger) -> None:
 
 def test_racing_conductors_never_share_an_operation(ledger: Ledger) -> None:
     ops = Operations(ledger.engine)
-    ids = {ops.enqueue("build", f"i{n}", "h", step="spawn") for n in range(60)}
+    ids = {ops.enqueue("build", f"i{n}", "h", step="spawn").id for n in range(60)}
     won: dict[str, list[str]] = {}
     barrier = threading.Barrier(4)
 
@@ -84,7 +84,7 @@ def test_conductors_polling_at_once_on_postgresql_take_different_operations(
     ops = Operations(ledger.engine, clock=clock)
     ids = []
     for n in range(10):
-        ids.append(ops.enqueue("build", f"i{n}", "h", step="spawn"))
+        ids.append(ops.enqueue("build", f"i{n}", "h", step="spawn").id)
         clock.now += 1
     at_take = threading.Barrier(2, timeout=10)
 
@@ -117,7 +117,7 @@ def test_a_batch_of_operations_ends_in_one_statement(ledger: Ledger) -> None:
     untouched; with the guard, one that had already ended refuses the whole batch."""
     clock = Clock()
     ops = Operations(ledger.engine, clock=clock, guarded=True)
-    ids = [ops.enqueue("build", f"i{n}", "h", step="schedule") for n in range(4)]
+    ids = [ops.enqueue("build", f"i{n}", "h", step="schedule").id for n in range(4)]
     assert len(ops.lease("c", lease_s=60, limit=10)) == 4
     updates: list[str] = []
 

@@ -73,8 +73,8 @@ def test_advance_with_each_set_of_columns_and_its_guard(db_url: str) -> None:
     ledger = Ledger.open(db_url)
     try:
         ops = Operations(ledger.engine, guarded=True)
-        first = ops.enqueue("build", "vm-1", "h1", step="schedule")
-        second = ops.enqueue("build", "vm-2", "h2", step="schedule")
+        first = ops.enqueue("build", "vm-1", "h1", step="schedule").id
+        second = ops.enqueue("build", "vm-2", "h2", step="schedule").id
         with ledger.engine.begin() as conn:
             ops.advance(conn, first, step="spawn", host="h3")
             ops.advance(conn, second, payload={"a": 1})

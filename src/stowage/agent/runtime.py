@@ -65,6 +65,7 @@ class OpResult:
     error_code: str | None = None
     error: str | None = None
     duration_s: float = 0.0
+    already: bool = False  # a spawn found the guest running as asked: nothing was done
 
 
 class LagWatchdog:
@@ -253,9 +254,10 @@ class Agent:
         )
 
     async def call(
-        self, op_id: str, operation: str, instance_id: str, fn: Callable[[], None]
+        self, op_id: str, operation: str, instance_id: str, fn: Callable[[], bool | None]
     ) -> OpResult:
-        """Any other driver operation, once per op id, in the driver pool."""
+        """Any other driver operation, once per op id, in the driver pool; `fn` returns True
+        when it found the work done already (`OpResult.already`)."""
         return await self._submit(op_id, operation, instance_id, fn)
 
     async def in_driver_pool(self, fn: Callable[..., T], *args: Any) -> T:
@@ -329,7 +331,7 @@ class Agent:
             return await self._in_pool(self._disk_pool, self.driver.export_disk, instance_id)
 
     async def _submit(
-        self, op_id: str, operation: str, instance_id: str, call: Callable[[], None]
+        self, op_id: str, operation: str, instance_id: str, call: Callable[[], bool | None]
     ) -> OpResult:
         """Run `call` once per `op_id`; a redelivered op id gets the first run's outcome.
 
@@ -348,11 +350,11 @@ class Agent:
         return await asyncio.shield(task)
 
     async def _run_op(
-        self, op_id: str, operation: str, instance_id: str, call: Callable[[], None]
+        self, op_id: str, operation: str, instance_id: str, call: Callable[[], bool | None]
     ) -> OpResult:
         start = time.monotonic()
         try:
-            await self._in_pool(self._driver_pool, call)
+            already = await self._in_pool(self._driver_pool, call)
         except DriverError as exc:
             if operation == "destroy" and isinstance(exc, InstanceNotFound):
                 # Nothing to destroy (a live migration's source, say): what was asked holds.
@@ -368,7 +370,14 @@ class Agent:
                 error=exc.message,
                 duration_s=time.monotonic() - start,
             )
-        return OpResult(op_id, operation, instance_id, ok=True, duration_s=time.monotonic() - start)
+        return OpResult(
+            op_id,
+            operation,
+            instance_id,
+            ok=True,
+            duration_s=time.monotonic() - start,
+            already=already is True,
+        )
 
     def _forget_old_ops(self) -> None:
         """Keep at most `op_results_max` op ids, dropping the oldest finished ones."""

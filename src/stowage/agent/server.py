@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -283,26 +284,21 @@ class AgentServer:
         instance_id = str(payload.get("instance_id", ""))
         agent = self.agent
         if method == "spawn":
-            present = (await agent.running()).get(instance_id)
             pins = {int(k): int(v) for k, v in dict(payload.get("pins") or {}).items()}
-            if present is not None and present["pins"] == pins:
-                # A repeated spawn: finished already, or interrupted after the define.
-                if present["state"] == InstanceState.RUNNING:
-                    return {"ok": True, "already": True}
-                return await self._result(await agent.power_on(op_id + ":resume", instance_id))
-            if present is not None:
-                await self._result(await agent.destroy(op_id + ":stale", instance_id))
             guest = Guest.from_payload(payload) if payload.get("vcpus") else None
-            return await self._result(
-                await agent.spawn(
-                    op_id,
-                    instance_id,
-                    pins,
-                    [int(c) for c in payload.get("cells") or []],
-                    int(payload.get("memory_mb") or 0),
-                    guest,
-                )
+            spawn = functools.partial(
+                _spawn_once,
+                self.driver,
+                instance_id,
+                pins,
+                [int(c) for c in payload.get("cells") or []],
+                int(payload.get("memory_mb") or 0),
+                guest,
             )
+            spawned = await agent.call(op_id, "spawn", instance_id, spawn)
+            if spawned.already:
+                return {"ok": True, "already": True}
+            return await self._result(spawned)
         if method == "destroy":
             result = await agent.destroy(op_id, instance_id)
             if not result.ok and result.error_code == InstanceNotFound.code:
@@ -537,3 +533,30 @@ def _running_view(
         }
         for iid, inst in sorted(running.items())
     }
+
+
+def _spawn_once(
+    driver: Driver,
+    instance_id: str,
+    pins: dict[int, int],
+    cells: list[int],
+    memory_mb: int,
+    guest: Guest | None,
+) -> bool:
+    """A spawn, in one trip to the driver pool, that settles a repeated one first: a guest
+    the host runs already with these pins is left as it is (True: a spawn that finished
+    before), one stopped with them is started again (interrupted after its define), one
+    with other pins is destroyed (a stale one) and the guest spawned."""
+    present = driver.running().get(instance_id)
+    if present is not None and present["pins"] == pins:
+        if present["state"] == InstanceState.RUNNING:
+            return True
+        driver.power_on(instance_id)
+        return False
+    if present is not None:
+        try:
+            driver.destroy(instance_id)
+        except DriverError as exc:  # the spawn says what is wrong, if anything is
+            log.warning("spawn %s: the stale guest is still there: %s", instance_id, exc)
+    driver.spawn(instance_id, pins, cells, memory_mb, guest)
+    return False

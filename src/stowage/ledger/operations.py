@@ -25,6 +25,9 @@ _INSERT = insert(operations)  # built once: building it per operation cost more 
 # times the CPU of running a prebuilt one: docs/performance.md, session 8).
 _FIND = select(operations).where(operations.c.id == bindparam("k_id"))
 _STATE = select(operations.c.state).where(operations.c.id == bindparam("k_id"))
+_STATES = select(operations.c.id, operations.c.state).where(
+    operations.c.id.in_(bindparam("k_ids", expanding=True))
+)
 _FREE = or_(
     operations.c.owner.is_(None),
     operations.c.owner == bindparam("k_owner"),
@@ -197,12 +200,17 @@ class Operations:
         migration_id: str | None = None,
         conn: Connection | None = None,
         later: bool = False,
-    ) -> str:
-        """A new pending operation, due now; inside `conn`'s transaction when given (and with
-        `later`, inside a group write, inserted with the group's other rows before it commits:
-        `insert_rows`)."""
+        owner: str | None = None,
+        lease_s: float = 0.0,
+    ) -> Operation:
+        """A new pending operation, due now, as inserted; inside `conn`'s transaction when given
+        (and with `later`, inside a group write, inserted with the group's other rows before it
+        commits: `insert_rows`). With `owner`, leased to it for `lease_s` from the start: a
+        conductor that drives it itself as soon as it commits, without leasing it again (if it
+        does not, the lease runs out and any conductor takes it)."""
         op_id = "op-" + new_uuid().hex
         now = self.clock()
+        body = dict(payload or {})
         values = {
             "id": op_id,
             "kind": kind,
@@ -211,14 +219,14 @@ class Operations:
             "migration_id": migration_id,
             "state": "pending",
             "step": step,
-            "payload": json.dumps(dict(payload or {}), sort_keys=True),
+            "payload": json.dumps(body, sort_keys=True),
             "result": None,
             "attempts": 0,
             "created_at": now,
             "updated_at": now,
             "next_at": now,
-            "owner": None,
-            "lease_until": None,
+            "owner": owner,
+            "lease_until": None if owner is None else now + lease_s,
         }
         if conn is not None and later:
             insert_rows(conn, operations, [values])
@@ -227,7 +235,20 @@ class Operations:
         else:
             with self.engine.begin() as own:
                 own.execute(_INSERT, values)
-        return op_id
+        return Operation(
+            id=op_id,
+            kind=kind,
+            instance_id=instance_id,
+            host=host,
+            migration_id=migration_id,
+            state="pending",
+            step=step,
+            payload=body,
+            result=None,
+            attempts=0,
+            created_at=now,
+            next_at=now,
+        )
 
     def advance(
         self,
@@ -355,6 +376,13 @@ class Operations:
         such operation (a check that it is still active, without decoding the rest)."""
         state: str | None = conn.execute(_STATE, {"k_id": op_id}).scalar()
         return state
+
+    def states_in(self, conn: Connection, op_ids: list[str]) -> dict[str, str]:
+        """`state_in` of each of `op_ids` in one statement; an id with no operation is left
+        out."""
+        if not op_ids:
+            return {}
+        return {row.id: row.state for row in conn.execute(_STATES, {"k_ids": op_ids})}
 
     def find_in(self, conn: Connection, op_id: str) -> Operation | None:
         """`find` inside a transaction the caller holds."""

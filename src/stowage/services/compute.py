@@ -379,13 +379,19 @@ def _new_instance(build: BuildRequest, reservation: str, index: int, count: int)
     }
 
 
-def schedule_builds(cloud: Cloud, ops: Sequence[Operation]) -> None:
+def schedule_builds(
+    cloud: Cloud, ops: Sequence[Operation], *, owner: str | None = None, lease_s: float = 0.0
+) -> list[Operation]:
     """The conductor's `schedule` step of build operations, planned together as one plan.
 
     Each claim commits with its instance's host, task state and next operation (ports, then
     spawn), and only while the instance still waits to be scheduled: a deleted one refuses
-    its claim. Safe to repeat after a crash: instances already placed are skipped.
+    its claim. Safe to repeat after a crash: instances already placed are skipped. Returns
+    the next operations committed; with `owner`, each is leased to it for `lease_s` as it is
+    inserted (the conductor drives them at once, without a lease of its own).
     """
+    lease = None if owner is None else (owner, lease_s)
+    made: list[Operation] = []
     request_ids = {
         instance_id: str(op.payload.get("request_id") or "")
         for op in ops
@@ -397,15 +403,16 @@ def schedule_builds(cloud: Cloud, ops: Sequence[Operation]) -> None:
         requests = _waiting_requests(cloud, op, instances)
         if int(op.payload.get("min_count", 1)) > 1:
             count = int(op.payload["min_count"])
-            _place(cloud, requests, request_ids, min_count=count)
+            made += _place(cloud, requests, request_ids, min_count=count, lease=lease)
         else:
             free.extend(requests)
     # Requests of several creates (min_count 1) share one plan and one claim commit.
-    _place(cloud, free, request_ids, min_count=None)
+    made += _place(cloud, free, request_ids, min_count=None, lease=lease)
     # And the batch's operations end in one commit (a crash before it schedules them again:
     # the instances placed meanwhile no longer wait, and are skipped).
     with cloud.ledger.engine.begin() as conn:
         cloud.operations.end_each(conn, [op.id for op in ops], state="done")
+    return made
 
 
 _READ_AT_ONCE = 500
@@ -471,9 +478,13 @@ def _place(
     request_ids: Mapping[str, str],
     *,
     min_count: int | None,
-) -> None:
+    lease: tuple[str, float] | None = None,
+) -> list[Operation]:
+    """The claims of `requests`, each committed with its instance and its next operation
+    (leased to `lease`'s owner when given); the next operations of those that committed."""
     if not requests:
-        return
+        return []
+    nexts: dict[str, Operation] = {}  # by instance: a batch replayed claim by claim rewrites
 
     position = {r.instance_id: i for i, r in enumerate(requests)}
     read: dict[str, Any] = {"conn": None, "docs": {}}
@@ -508,7 +519,7 @@ def _place(
         )
         if not swapped:
             raise ClaimRefused(f"instance {claim.instance_id} changed while it was scheduled")
-        cloud.operations.enqueue(
+        nexts[claim.instance_id] = cloud.operations.enqueue(
             "build",
             claim.instance_id,
             host,
@@ -520,10 +531,17 @@ def _place(
             },
             conn=conn,
             later=True,
+            owner=None if lease is None else lease[0],
+            lease_s=0.0 if lease is None else lease[1],
         )
 
     with cloud.schedule_lock:
         placements = cloud.scheduler.schedule(requests, min_count=min_count, also=placed)
+    committed = [
+        nexts[p.request.instance_id]
+        for p in placements
+        if p.claim is not None and p.request.instance_id in nexts
+    ]
     for placement in placements:
         if placement.claim is None and placement.code is not RefusalCode.CONSUMER_GONE:
             _build_failed(
@@ -533,6 +551,7 @@ def _place(
                 placement.reason or "No valid host was found.",
                 placement.code.value if placement.code else "",
             )
+    return committed
 
 
 def claimed_host_name(cloud: Cloud, conn: Connection, host_id: int) -> str:

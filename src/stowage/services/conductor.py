@@ -48,13 +48,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, String, bindparam, cast, func, select
 
@@ -86,6 +88,10 @@ log = logging.getLogger(__name__)
 steps = logger("stowage.services.conductor.steps")
 
 Reply = dict[str, Any]
+# A spawn's claim, the volumes to attach, why it cannot run (if it cannot) and its guest.
+_SpawnInputs = tuple[dict[str, Any], list[dict[str, Any]], str | None, dict[str, Any]]
+A = TypeVar("A")
+R = TypeVar("R")
 
 POWER_METHODS = {
     "os-stop": "power_off",
@@ -228,6 +234,10 @@ class Conductor:
         self._ended_here: dict[str, str] = {}
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._full = False  # the last lease took all it had room for
+        # The spawns due together (a scheduled batch's, whose tasks start in one turn of the
+        # loop) read their inputs in one thread and one transaction.
+        self._spawn_inputs_together = _Together(self._spawn_inputs_each)
 
     # -- the loop --------------------------------------------------------------------
 
@@ -279,6 +289,7 @@ class Conductor:
     async def _lease_and_start(self) -> None:
         room = self.config.concurrency_max - len(self._active)
         if room <= 0:
+            self._full = True
             return
         leased = await asyncio.to_thread(
             functools.partial(
@@ -289,9 +300,12 @@ class Conductor:
                 exclude=frozenset(self._active),
             )
         )
+        # As many as there was room for: more may be due, and the next task to end makes room
+        # for them at once, not at the next poll (a backlog waited out a poll every
+        # `concurrency_max` operations).
+        self._full = len(leased) >= room
         if not leased:
             return
-        blocked = await asyncio.to_thread(self._hosts_with_cleanups, leased)
         # Scheduling steps talk to no agent: the due ones are planned together, in one task.
         planning = [op for op in leased if op.step == "schedule" and op.id not in self._active]
         if planning:
@@ -299,11 +313,17 @@ class Conductor:
             for op in planning:
                 self._active[op.id] = task
             task.add_done_callback(self._forget_task)
-        for op in leased:
-            if op.id in self._active:
-                continue
-            # A host's clean-ups run before anything new starts there, so a new instance never
-            # lands on pCPUs that an instance being cleaned up still runs on.
+        await self._start_each([op for op in leased if op.id not in self._active])
+
+    async def _start_each(self, ops: list[Operation]) -> None:
+        """Drive each of `ops`, leased to this conductor, in a task of its own; or let it go
+        where its host has an older clean-up to run first (a host's clean-ups run before
+        anything new starts there, so a new instance never lands on pCPUs that an instance
+        being cleaned up still runs on)."""
+        if not ops:
+            return
+        blocked = await asyncio.to_thread(self._hosts_with_cleanups, ops)
+        for op in ops:
             if op.kind not in ("cleanup", "delete") and op.host in blocked.get(op.id, set()):
                 await asyncio.to_thread(self.ops.let_go, self.owner, op.id)
                 continue
@@ -315,6 +335,9 @@ class Conductor:
         for op_id, known in list(self._active.items()):
             if known is task:
                 del self._active[op_id]
+        if self._full and self._wake is not None:
+            self._full = False
+            self._wake.set()
 
     def _hosts_with_cleanups(self, ops: list[Operation]) -> dict[str, set[str]]:
         """For each of `ops`: the hosts with an older (in the order operations are listed,
@@ -344,7 +367,7 @@ class Conductor:
     async def _drive(self, op: Operation) -> None:
         # Every line of this operation's work, here and (over the bus) in the agents, carries
         # the request id of the API request that started it.
-        with bind(request_id=op.payload.get("request_id"), op_id=op.id, op_kind=op.kind):
+        with _bound(op):
             await self._drive_bound(op)
 
     async def _drive_bound(self, op: Operation) -> None:
@@ -483,9 +506,20 @@ class Conductor:
 
         builds = [op for op in ops if op.kind == "build"]
         moves = [op for op in ops if op.kind in MOVE_KINDS]
+        placed: list[Operation] = []
         try:
             if builds:
-                await asyncio.to_thread(schedule_builds, self.cloud, builds)
+                # The builds' next steps are leased to this conductor as they commit, and
+                # driven here at once: no poll and no lease of their own.
+                placed = await asyncio.to_thread(
+                    functools.partial(
+                        schedule_builds,
+                        self.cloud,
+                        builds,
+                        owner=self.owner,
+                        lease_s=self.config.lease_s,
+                    )
+                )
             if moves:
                 await asyncio.to_thread(schedule_moves, self.cloud, moves)
         except Exception:
@@ -495,6 +529,7 @@ class Conductor:
             return
         for op in moves:
             await asyncio.to_thread(self.ops.let_go, self.owner, op.id)
+        await self._start_each(placed)
         self.kick()
 
     async def _step_ports(self, op: Operation) -> None:
@@ -546,7 +581,7 @@ class Conductor:
     async def _step_spawn(self, op: Operation) -> None:
         # The instance's volumes first (a boot volume made from its image, ...), then the
         # guest, then each volume given to it: as Nova's build, one failure fails the build.
-        claim, devices, why, guest = await asyncio.to_thread(self._spawn_inputs, op)
+        claim, devices, why, guest = await self._spawn_inputs_together(op)
         if why is not None:
             await asyncio.to_thread(self._spawned, op, {"ok": False, "error": why})
             return
@@ -562,49 +597,85 @@ class Conductor:
                 break
         await asyncio.to_thread(self._spawned, op, reply)
 
-    def _spawn_inputs(
-        self, op: Operation
-    ) -> tuple[dict[str, Any], list[dict[str, Any]], str | None, dict[str, Any]]:
+    def _spawn_inputs(self, op: Operation) -> _SpawnInputs:
         """A spawn's claim, volumes and guest, and the check that its operation is still
         active (`_call`'s), read in one transaction; volumes still being created are driven
         after it, and everything is read again."""
-        cloud = self.cloud
         driven = False
-        instance_key = ("instance", op.instance_id)
-        # A build's spawn names its instance's image (`_place`): read with the instance.
-        image_id = op.payload.get("image_id")
-        image_key = ("image", str(image_id)) if image_id else None
-        keys = [instance_key, *([] if image_key is None else [image_key])]
         while True:
-            with cloud.objects.reading() as conn:
+            with self.cloud.objects.reading() as conn:
                 state = self.ops.state_in(conn, op.id)
-                if state is None or state in TERMINAL_STATES:
-                    raise NotFound(f"operation {op.id} ended before its spawn was sent")
-                claim = claim_in(conn, op.instance_id)
-                if claim is None:
-                    raise NotFound(f"instance {op.instance_id} holds no claim")
-                found = cloud.objects.find_each_in(conn, keys)
-                doc = found.get(instance_key)
-                if doc is None:
-                    raise NotFound(f"instance {op.instance_id} is gone")
-                new: list[str] = []
-                devices, why = server_volumes.spawn_volumes(
-                    cloud, op.instance_id, new=new, body=doc.body
-                )
-                if not new or driven:
-                    images: dict[str, dict[str, Any] | None] = {}
-                    if image_key is not None:  # read: the image, or None where there is none
-                        image = found.get(image_key)
-                        images[image_key[1]] = None if image is None else image.body
-                    guest = (
-                        {}
-                        if why
-                        else guest_payload(cloud, op.instance_id, body=doc.body, images=images)
-                    )
-                    return claim, devices, why, guest
-            for volume_id in new:
-                volume_service.drive(cloud, "volume", volume_id)
+                found = self.cloud.objects.find_each_in(conn, _spawn_input_keys(op))
+                inputs = self._spawn_inputs_in(conn, op, state, found, driven=driven)
+            if not isinstance(inputs, list):
+                return inputs
+            for volume_id in inputs:
+                volume_service.drive(self.cloud, "volume", volume_id)
             driven = True
+
+    def _spawn_inputs_each(self, ops: list[Operation]) -> list[_SpawnInputs | Exception]:
+        """`_spawn_inputs` of the spawns due together (a scheduled batch's), in one
+        transaction: their operations' states in one statement, their instances and images
+        in another. A spawn whose volumes must be made first is read again alone after."""
+        cloud = self.cloud
+        keys = list(dict.fromkeys(key for op in ops for key in _spawn_input_keys(op)))
+        out: list[_SpawnInputs | list[str] | Exception] = []
+        with cloud.objects.reading() as conn:
+            states = self.ops.states_in(conn, [op.id for op in ops])
+            found = cloud.objects.find_each_in(conn, keys)
+            for op in ops:
+                with _bound(op):
+                    try:
+                        out.append(self._spawn_inputs_in(conn, op, states.get(op.id), found))
+                    except Exception as exc:
+                        out.append(exc)
+        answers: list[_SpawnInputs | Exception] = []
+        for op, read in zip(ops, out, strict=True):
+            if not isinstance(read, list):
+                answers.append(read)
+                continue
+            with _bound(op):  # volumes to make first: as a spawn alone does
+                try:
+                    answers.append(self._spawn_inputs(op))
+                except Exception as exc:
+                    answers.append(exc)
+        return answers
+
+    def _spawn_inputs_in(
+        self,
+        conn: Connection,
+        op: Operation,
+        state: str | None,
+        found: dict[tuple[str, str], Document],
+        *,
+        driven: bool = False,
+    ) -> _SpawnInputs | list[str]:
+        """`_spawn_inputs` from what was read in `conn` (the operation's `state`, and `found`,
+        its instance and image among others); the volumes to drive first, if any are still
+        being created and they were not `driven` yet."""
+        if state is None or state in TERMINAL_STATES:
+            raise NotFound(f"operation {op.id} ended before its spawn was sent")
+        claim = claim_in(conn, op.instance_id)
+        if claim is None:
+            raise NotFound(f"instance {op.instance_id} holds no claim")
+        doc = found.get(("instance", op.instance_id))
+        if doc is None:
+            raise NotFound(f"instance {op.instance_id} is gone")
+        new: list[str] = []
+        devices, why = server_volumes.spawn_volumes(
+            self.cloud, op.instance_id, new=new, body=doc.body
+        )
+        if new and not driven:
+            return new
+        images: dict[str, dict[str, Any] | None] = {}
+        image_id = op.payload.get("image_id")
+        if image_id:  # read: the image, or None where there is none
+            image = found.get(("image", str(image_id)))
+            images[str(image_id)] = None if image is None else image.body
+        guest = (
+            {} if why else guest_payload(self.cloud, op.instance_id, body=doc.body, images=images)
+        )
+        return claim, devices, why, guest
 
     async def _step_attach_volume(self, op: Operation) -> None:
         payload = {"device": op.payload["device"], "connection": op.payload["connection"]}
@@ -1363,6 +1434,58 @@ def _event(
         return
     doc = cloud.objects.find(*key) if conn is None else cloud.objects.find_in(conn, *key)
     _event_on(cloud, op, doc, body, result, message, conn=conn)
+
+
+def _bound(op: Operation) -> contextlib.AbstractContextManager[None]:
+    """The operation's request id, id and kind bound to every log line of the work inside."""
+    return bind(request_id=op.payload.get("request_id"), op_id=op.id, op_kind=op.kind)
+
+
+def _spawn_input_keys(op: Operation) -> list[tuple[str, str]]:
+    """What a spawn's inputs read: its instance, and the image a build's spawn names
+    (`_place`; a rebuild's or an unshelve's names none, and its guest reads it)."""
+    image_id = op.payload.get("image_id")
+    return [("instance", op.instance_id), *([("image", str(image_id))] if image_id else [])]
+
+
+class _Together(Generic[A, R]):
+    """Calls made in one turn of the event loop, answered by one call of `each` in a thread:
+    `each(args)` gives, for each argument in order, its answer or the exception to raise.
+    One thread hand-off for a batch instead of one for each call."""
+
+    def __init__(self, each: Callable[[list[A]], list[R | Exception]]) -> None:
+        self._each = each
+        self._due: list[tuple[A, asyncio.Future[R]]] = []
+        self._running: set[asyncio.Task[None]] = set()
+
+    async def __call__(self, arg: A) -> R:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[R] = loop.create_future()
+        self._due.append((arg, answer))
+        if len(self._due) == 1:
+            # After the callbacks ready now: the other tasks started in this turn ask too.
+            # An empty context: the batch is no one caller's work (each is bound in `each`).
+            loop.call_soon(self._start, context=contextvars.Context())
+        return await answer
+
+    def _start(self) -> None:
+        due, self._due = self._due, []
+        task = asyncio.get_running_loop().create_task(self._answer(due))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _answer(self, due: list[tuple[A, asyncio.Future[R]]]) -> None:
+        try:
+            answers = await asyncio.to_thread(self._each, [arg for arg, _ in due])
+        except Exception as exc:  # every caller hears of it
+            answers = [exc] * len(due)
+        for (_, answer), value in zip(due, answers, strict=True):
+            if answer.done():  # its caller was cancelled meanwhile
+                continue
+            if isinstance(value, Exception):
+                answer.set_exception(value)
+            else:
+                answer.set_result(value)
 
 
 def _spawn_reads(op: Operation) -> list[tuple[str, str]]:

@@ -97,7 +97,7 @@ def _start(
             step=kind.replace("-", "_"),
             payload={**payload, "request_id": request_id, "before": before},
             conn=conn,
-        )
+        ).id
     cloud.kick()
     return op_id
 

@@ -63,7 +63,7 @@ def _enqueue(
             step=step,
             payload={**payload, "request_id": request_id},
             conn=conn,
-        )
+        ).id
     cloud.kick()
     return op_id
 

@@ -401,7 +401,7 @@ def reap_unknown(cloud: Cloud, host: str, instance_id: str) -> str | None:
             step="destroy",
             payload={"reason": "running_deleted_instance_action=reap"},
             conn=conn,
-        )
+        ).id
     log.warning(
         "reaping guest %s on %s: its instance is %s",
         instance_id,
