@@ -632,6 +632,39 @@ def test_a_spawn_started_with_its_schedule_waits_for_its_hosts_older_clean_up(
     assert sorted(driver.running()) == [vm]
 
 
+def test_a_spawns_group_commit_is_awaited_on_the_loop_with_no_thread_waiting_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a ledger whose writes go in groups on the store's writer thread (`stowage up`), the
+    commit that makes a spawned instance ACTIVE is awaited by the conductor's loop itself:
+    before, a thread of its executor handed the work to the writer thread and waited for
+    it (two hand-offs more a boot)."""
+    cloud = open_cloud(f"sqlite:///{tmp_path / 'ledger.db'}", tmp_path / "state", group_writes=True)
+    try:
+        cloud.objects.create("quota", "p", {"instances": -1, "cores": -1, "ram": -1})
+        waited: list[str] = []
+        committers: set[str] = set()
+        spawned, active_in = Conductor._spawned, Conductor._active_in
+
+        def in_a_thread(self: Conductor, op: Any, reply: Any) -> None:
+            waited.append(op.instance_id)
+            spawned(self, op, reply)
+
+        def committed(self: Conductor, conn: Any, **kwargs: Any) -> Any:
+            committers.add(threading.current_thread().name)
+            return active_in(self, conn, **kwargs)
+
+        monkeypatch.setattr(Conductor, "_spawned", in_a_thread)
+        monkeypatch.setattr(Conductor, "_active_in", committed)
+        for n in range(4):
+            build_servers(cloud, request(1), f"req-{n}")
+        drive(cloud, tmp_path, lambda: statuses(cloud) == ["ACTIVE"] * 4)
+        assert waited == [] and committers == {"stowage-group-writer"}, (waited, committers)
+        assert audit_cloud(cloud.ledger, stale_after_s=0) == []
+    finally:
+        cloud.ledger.close()
+
+
 def test_spawns_due_together_read_their_inputs_in_one_thread_and_one_transaction(
     cloud: Cloud,
 ) -> None:

@@ -458,10 +458,23 @@ class ObjectStore:
         in a group, read for all its works in one statement before the first runs, and each
         work's reads of them answered from it until the group writes one (a spawn's instance
         and action: one read a group, not one a spawn, with the write lock held)."""
-        if self._group is None or self._held() is not None:
+        soon = self.write_together_soon(work, reads=reads)
+        if soon is None:
             with self.writing() as conn:
                 return work(conn)
-        return self._group.run(work, tuple(reads))
+        return soon.result()
+
+    def write_together_soon(
+        self, work: Callable[[Connection], T], *, reads: Iterable[tuple[str, str]] = ()
+    ) -> Future[T] | None:
+        """`write_together` that does not wait: the future of its value where the work joins
+        a group on the store's writer thread (`group_writes`, outside an open `writing()`),
+        which an event loop awaits without a thread of its own waiting for it; None where
+        the work would run in the caller's transaction (call `write_together` from a thread
+        that may block)."""
+        if self._group is None or self._held() is not None:
+            return None
+        return self._group.submit(work, tuple(reads))
 
     def _held(self) -> _Held | None:
         held = _HELD.get()
@@ -896,8 +909,13 @@ class _GroupWriter:
         self._start = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def run(self, work: Callable[[Connection], T], reads: tuple[tuple[str, str], ...]) -> T:
+    def submit(
+        self, work: Callable[[Connection], T], reads: tuple[tuple[str, str], ...]
+    ) -> Future[T]:
         answer: Future[T] = Future()
+        # Running from now on: a caller that stops waiting (a cancelled task) cannot cancel
+        # it, and the group answers it whatever the caller does, as a pool's running call.
+        answer.set_running_or_notify_cancel()
         self._waiting.put((work, answer, reads))
         if self._thread is None:
             with self._start:
@@ -906,7 +924,7 @@ class _GroupWriter:
                         target=self._loop, name="stowage-group-writer", daemon=True
                     )
                     self._thread.start()
-        return answer.result()
+        return answer
 
     def _loop(self) -> None:
         while True:

@@ -595,7 +595,7 @@ class Conductor:
             )
             if not reply.get("ok"):
                 break
-        await asyncio.to_thread(self._spawned, op, reply)
+        await self._commit_spawn(op, reply)
 
     def _spawn_inputs(self, op: Operation) -> _SpawnInputs:
         """A spawn's claim, volumes and guest, and the check that its operation is still
@@ -735,10 +735,32 @@ class Conductor:
         _event_on(cloud, op, action, body, "Success", None, conn=conn)
         return shelved
 
+    async def _commit_spawn(self, op: Operation, reply: Reply) -> None:
+        """`_spawned`; a spawn that made its instance ACTIVE is awaited here, in its group on
+        the store's writer thread (`write_together_soon`), without a thread of the loop's
+        executor waiting for it (a hand-off there and back a boot)."""
+        if reply.get("ok") and not self._stays_stopped(op):
+            soon = self.cloud.objects.write_together_soon(
+                functools.partial(self._active_in, op=op, reply=reply), reads=_spawn_reads(op)
+            )
+            if soon is not None:
+                shelved = await asyncio.wrap_future(soon)
+                self._ended_here[op.id] = "done"
+                if shelved:
+                    from stowage.services.shelve import drop_image_data
+
+                    await asyncio.to_thread(drop_image_data, self.cloud, shelved)
+                return
+        await asyncio.to_thread(self._spawned, op, reply)
+
+    @staticmethod
+    def _stays_stopped(op: Operation) -> bool:
+        # Nova keeps a stopped server stopped through a rebuild: power it off again.
+        return op.kind == "rebuild" and bool(op.payload.get("stopped"))
+
     def _spawned(self, op: Operation, reply: Reply) -> None:
         cloud = self.cloud
-        if reply.get("ok") and op.kind == "rebuild" and op.payload.get("stopped"):
-            # Nova keeps a stopped server stopped through a rebuild: power it off again.
+        if reply.get("ok") and self._stays_stopped(op):
             cloud.objects.get("instance", op.instance_id)  # gone: NotFound, as any spawn
             with cloud.ledger.engine.begin() as conn:
                 self.ops.advance(
