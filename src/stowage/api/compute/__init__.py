@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import compute_error, install_common
+from stowage.api.common import api_app, compute_error, install_common
 from stowage.api.compute import (
     aggregates,
     availability_zones,
@@ -130,7 +130,7 @@ async def version(request: Request) -> JSONResponse:
 
 
 def create_compute_app(cloud: Cloud) -> FastAPI:
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app = api_app()
     app.state.cloud = cloud
     install_microversions(app)
     install_common(app, compute_error, extra_headers=True)

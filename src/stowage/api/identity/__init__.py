@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import identity_error, install_common, www_authenticate
+from stowage.api.common import api_app, identity_error, install_common, www_authenticate
 from stowage.api.identity import (
     app_credentials,
     catalog,
@@ -78,7 +78,7 @@ async def version(request: Request) -> JSONResponse:
 
 
 def create_identity_app(cloud: Cloud) -> FastAPI:
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app = api_app()
     app.state.cloud = cloud
     install_common(app, identity_error)
 

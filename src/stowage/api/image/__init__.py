@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import image_error, install_common
+from stowage.api.common import api_app, image_error, install_common
 from stowage.api.image import images, metadefs
 from stowage.api.responses import JSONResponse
 from stowage.services.cloud import Cloud
@@ -30,7 +30,7 @@ async def versions(request: Request) -> JSONResponse:
 
 
 def create_image_app(cloud: Cloud) -> FastAPI:
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app = api_app()
     app.state.cloud = cloud
     install_common(app, image_error)
     app.include_router(discovery)

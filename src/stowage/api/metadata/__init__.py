@@ -18,7 +18,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import ApiError, compute_error, install_common
+from stowage.api.common import ApiError, api_app, compute_error, install_common
 from stowage.api.responses import JSONResponse
 from stowage.domain.errors import NotFound
 from stowage.services import guest_metadata as service
@@ -133,7 +133,7 @@ async def ec2_meta_data(request: Request, path: str = "") -> PlainTextResponse:
 
 
 def _app(cloud: Cloud, router: APIRouter) -> FastAPI:
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app = api_app()
     app.state.cloud = cloud
     install_common(app, compute_error)
     app.include_router(router)

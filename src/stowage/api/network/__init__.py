@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import install_common, network_error
+from stowage.api.common import api_app, install_common, network_error
 from stowage.api.network import quotas, resources, trunks
 from stowage.api.responses import JSONResponse
 from stowage.services.cloud import Cloud
@@ -36,7 +36,7 @@ async def versions(request: Request) -> JSONResponse:
 
 
 def create_network_app(cloud: Cloud) -> FastAPI:
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app = api_app()
     app.state.cloud = cloud
     install_common(app, network_error)
     for module in _ROUTERS:

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from stowage.api.common import install_common, placement_error
+from stowage.api.common import api_app, install_common, placement_error
 from stowage.api.placement import routes
 from stowage.api.placement.microversion import current, install_microversions
 from stowage.services.cloud import Cloud
@@ -24,7 +24,7 @@ def _error(status: int, message: str, code: str | None, request_id: str) -> dict
 
 
 def create_placement_app(cloud: Cloud) -> FastAPI:
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app = api_app()
     app.state.cloud = cloud
     install_microversions(app)
     install_common(app, _error)

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import compute_error, install_common
+from stowage.api.common import api_app, compute_error, install_common
 from stowage.api.responses import JSONResponse
 from stowage.api.volume import metadata, refusals, resources, volumes
 from stowage.api.volume.microversion import MAX_VERSION, MIN_VERSION, install_microversions
@@ -59,7 +59,7 @@ def start_volume_service(cloud: Cloud) -> None:
 
 
 def create_volume_app(cloud: Cloud) -> FastAPI:
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app = api_app()
     app.state.cloud = cloud
     install_microversions(app)
     install_common(app, compute_error)
