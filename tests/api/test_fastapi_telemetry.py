@@ -33,8 +33,8 @@ def test_with_no_tracer_provider_a_request_asks_opentelemetry_for_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Left on with no provider, FastAPI asked OpenTelemetry for its providers on every
-    request, each ask a read of the environment, to do nothing: a tenth of the API's HTTP
-    work under load (docs/performance.md, 2026-12-07). Asked once now, as the app is built."""
+    request, each ask a read of the environment, to do nothing (docs/performance.md,
+    2026-12-07). Asked once now, as the app is built."""
     asked: list[str] = []
     real = trace.get_tracer_provider
 
