@@ -25,7 +25,8 @@ agents in a second process); `--compute-process both` runs this checkout both wa
 and prints them side by side.
 
 Beside each rate it prints the CPU the `stowage up` process used (in cores, and per request
-or boot: the figure a loaded machine moves least) and the load generator's own CPU, so a rate
+or boot: the figure a loaded machine moves least; with `--compute-process`, the APIs' process
+and the compute process apart) and the load generator's own CPU, so a rate
 is not read as the API's when the generator was the limit. With `--before-src OTHER/src` it
 measures another checkout first in the same run (same machine, same load) and prints the
 two side by side.
@@ -126,8 +127,18 @@ class Cloud:
         return {kind: [p.pid for p in procs] for kind, procs in self.procs.items()}
 
     def cpu(self) -> dict[str, float]:
-        """CPU seconds used so far per process kind, children included (API workers)."""
-        return {kind: sum(tree_cpu_s(pid) for pid in pids) for kind, pids in self.pids().items()}
+        """CPU seconds used so far per process kind, children included (API workers); `stowage
+        up`'s split into its own process (the APIs) and its children (`--compute-process`)."""
+        out: dict[str, float] = {}
+        for kind, pids in self.pids().items():
+            if kind == "stowage up":
+                out["stowage up: APIs"] = sum(cpu_s(pid) for pid in pids)
+                kids = sum(cpu_s(child) for pid in pids for child in children(pid))
+                if kids:
+                    out["stowage up: compute"] = kids
+            else:
+                out[kind] = sum(tree_cpu_s(pid) for pid in pids)
+        return out
 
     def services_cpu(self) -> dict[str, float]:
         """CPU seconds used so far by the services this machine runs for the cloud (production:
@@ -167,7 +178,8 @@ def start(
 ) -> Cloud:
     """`stowage up` of this checkout, or of the source tree `src` (another commit's `src/`,
     run by this interpreter: the "before" of a before/after run); with `compute_process`,
-    `stowage up --compute-process` (its CPU is the process tree's, the child's included)."""
+    `stowage up --compute-process` (its CPU is the process tree's: the APIs' process, and its
+    children, the compute process)."""
     port = free_port()
     topo = topology_file(state.parent / "topology.yaml", hosts)
     proc = subprocess.Popen(

@@ -77,6 +77,42 @@ def test_find_each_searches_the_key_rather_than_scan_every_document(db_url: str)
         ledger.close()
 
 
+def test_find_each_of_few_ids_renders_nothing_per_call_and_of_many_still_reads_all(
+    db_url: str,
+) -> None:
+    """A create's flavor and image (a few ids of each kind) are bound one by one in a
+    statement compiled once for that shape; an expanding list was rendered into the
+    statement on every call (post-compile), a fifth of the read. Past 16 ids of a kind the
+    list expands again, and every id is still read."""
+    ledger = Ledger.open(db_url)
+    try:
+        store = ObjectStore(ledger.engine)
+        with ledger.engine.begin() as conn:
+            store.create_each_in(
+                conn, [NewDocument("instance", f"vm-{i}", {"n": i}) for i in range(40)]
+            )
+        store.create("flavor", "1", {"name": "m1.tiny"})
+        rendered: list[bool] = []
+
+        @event.listens_for(ledger.engine, "before_cursor_execute")
+        def _seen(_c: object, _cur: object, _s: str, _p: object, context: object, _m: bool) -> None:
+            compiled = getattr(context, "compiled", None)
+            rendered.append(bool(compiled is not None and compiled.post_compile_params))
+
+        for _ in range(2):
+            found = store.find_each([("flavor", "1"), ("instance", "vm-3"), ("instance", "x")])
+            assert sorted(found) == [("flavor", "1"), ("instance", "vm-3")]
+        assert rendered == [False, False]
+        for count in (16, 17, 40):
+            keys = [("instance", f"vm-{i}") for i in range(count)] + [("flavor", "1")]
+            found = store.find_each(keys)
+            assert sorted(found) == sorted(keys)
+            assert found[("instance", f"vm-{count - 1}")].body == {"n": count - 1}
+        assert rendered[2:] == [False, True, True]
+    finally:
+        ledger.close()
+
+
 def test_create_each_in_writes_all_in_one_statement_or_none(db_url: str) -> None:
     ledger = Ledger.open(db_url)
     try:

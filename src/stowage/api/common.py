@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, TypeVarTuple
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.routing import APIRoute, request_response
@@ -34,6 +34,7 @@ __all__ = [
     "Context",
     "ErrorStyle",
     "api_routes",
+    "include_routes",
     "install_common",
     "json_body",
     "loads",
@@ -184,6 +185,45 @@ def api_app() -> FastAPI:
             "logs": False,
         },
     )
+
+
+def include_routes(parent: FastAPI | APIRouter, router: APIRouter, *, prefix: str = "") -> None:
+    """`parent.include_router(router, prefix=prefix)`, with `router`'s routes made routes of
+    `parent` (of an app: of its router) itself, each of its own `route_class` and rebuilt on
+    the whole path (so the prefix's path parameters are the handler's as well).
+
+    FastAPI's `include_router` (0.143 and later) keeps an included router behind a wrapper
+    that, on every request, walks the included router's routes to learn whether any changed
+    since it last looked, then matches inside it: a compute request passed some twenty such
+    wrappers, and FastAPI's routing was a tenth of the API process's CPU under load
+    (docs/performance.md, 2026-12-07). Stowage's routers are whole before their app serves,
+    so nothing is lost by taking their routes as they are then. Only `APIRoute`s (and routers
+    of them) are taken, and a router's own settings must be defaults: anything else raises
+    here, when the app is built, instead of serving differently."""
+    if router.dependencies or router.callbacks or router.responses or router.tags:
+        raise TypeError(f"include_routes: {router!r} has router-wide settings")
+    for route in router.routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            context = route.include_context  # type: ignore[attr-defined]
+            include_routes(parent, included, prefix=prefix + (context.prefix or ""))
+            continue
+        if not isinstance(route, APIRoute):
+            raise TypeError(f"include_routes: {route!r} is not an APIRoute")
+        options = {name: getattr(route, name) for name in _ROUTE_OPTIONS}
+        target = parent.router if isinstance(parent, FastAPI) else parent
+        target.add_api_route(
+            prefix + route.path, route.endpoint, route_class_override=type(route), **options
+        )
+
+
+_ROUTE_OPTIONS = tuple(
+    name
+    for name in inspect.signature(APIRoute.__init__).parameters
+    if name not in ("self", "path", "endpoint", "dependency_overrides_provider")
+)
+"""What an `APIRoute` is built with, besides its path and endpoint, read back off a route
+by the same names (`include_routes`)."""
 
 
 def install_common(app: FastAPI, style: ErrorStyle, *, extra_headers: bool = False) -> None:

@@ -63,24 +63,36 @@ _KEY = (objects.c.kind == bindparam("k_kind"), objects.c.id == bindparam("k_id")
 _FIND = select(objects).where(*_KEY)
 
 
-@functools.cache
-def _find_each(kinds: int) -> Select[Any]:
-    """The read of several documents of `kinds` kinds: `kind = ? AND id IN (...)` per kind,
-    which both databases answer from the primary key. A row value list, `(kind, id) IN
-    ((?, ?), ...)`, scanned the whole table on SQLite (3.40 plans it as a list subquery, not
-    a search of the key): every create read its flavor and image by a walk of every document,
-    its servers' and their actions' included (2026-12-06)."""
+@functools.lru_cache(maxsize=256)
+def _find_each(shape: tuple[int, ...]) -> Select[Any]:
+    """The read of several documents, `shape` giving how many ids of each kind: `kind = ? AND
+    id IN (?, ...)` per kind, which both databases answer from the primary key. A row value
+    list, `(kind, id) IN ((?, ?), ...)`, scanned the whole table on SQLite (3.40 plans it as a
+    list subquery, not a search of the key): every create read its flavor and image by a walk
+    of every document, its servers' and their actions' included (2026-12-06).
+
+    Up to `_LISTED` ids of a kind are bound one by one (`id{kind}_{n}`), each shape's
+    statement built and compiled once; more are one expanding parameter (`ids{kind}`), whose
+    list SQLAlchemy renders into the statement on each execution (a fifth of a create's read
+    of its flavor and image)."""
     return select(objects).where(
         or_(
             *(
                 and_(
                     objects.c.kind == bindparam(f"kind{i}"),
-                    objects.c.id.in_(bindparam(f"ids{i}", expanding=True)),
+                    objects.c.id.in_(
+                        [bindparam(f"id{i}_{n}") for n in range(count)]
+                        if count <= _LISTED
+                        else bindparam(f"ids{i}", expanding=True)
+                    ),
                 )
-                for i in range(kinds)
+                for i, count in enumerate(shape)
             )
         )
     )
+
+
+_LISTED = 16
 
 
 # The same holds for the insert of every new document (`_insert_of`), and for the writes of
@@ -767,8 +779,12 @@ class ObjectStore:
         params: dict[str, Any] = {}
         for i, (kind, ids) in enumerate(by_kind.items()):
             params[f"kind{i}"] = kind
-            params[f"ids{i}"] = ids
-        rows = conn.execute(_find_each(len(by_kind)), params).all()
+            if len(ids) > _LISTED:
+                params[f"ids{i}"] = ids
+            else:
+                params.update((f"id{i}_{n}", id) for n, id in enumerate(ids))
+        shape = tuple(len(ids) for ids in by_kind.values())
+        rows = conn.execute(_find_each(shape), params).all()
         return {(row.kind, row.id): _doc(row) for row in rows}
 
     def get(self, kind: str, id: str) -> Document:

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import api_app, compute_error, install_common
+from stowage.api.common import api_app, compute_error, include_routes, install_common
 from stowage.api.compute import (
     aggregates,
     availability_zones,
@@ -135,6 +135,6 @@ def create_compute_app(cloud: Cloud) -> FastAPI:
     install_microversions(app)
     install_common(app, compute_error, extra_headers=True)
     for module in _ROUTERS:
-        app.include_router(module.router, prefix="/v2.1")
-    app.include_router(discovery)
+        include_routes(app, module.router, prefix="/v2.1")
+    include_routes(app, discovery)
     return app

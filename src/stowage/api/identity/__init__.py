@@ -7,7 +7,13 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import api_app, identity_error, install_common, www_authenticate
+from stowage.api.common import (
+    api_app,
+    identity_error,
+    include_routes,
+    install_common,
+    www_authenticate,
+)
 from stowage.api.identity import (
     app_credentials,
     catalog,
@@ -96,6 +102,6 @@ def create_identity_app(cloud: Cloud) -> FastAPI:
         )
 
     for module in _ROUTERS:
-        app.include_router(module.router)
-    app.include_router(discovery)
+        include_routes(app, module.router)
+    include_routes(app, discovery)
     return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import api_app, image_error, install_common
+from stowage.api.common import api_app, image_error, include_routes, install_common
 from stowage.api.image import images, metadefs
 from stowage.api.responses import JSONResponse
 from stowage.services.cloud import Cloud
@@ -33,7 +33,7 @@ def create_image_app(cloud: Cloud) -> FastAPI:
     app = api_app()
     app.state.cloud = cloud
     install_common(app, image_error)
-    app.include_router(discovery)
-    app.include_router(images.router, prefix="/v2")
-    app.include_router(metadefs.router, prefix="/v2")
+    include_routes(app, discovery)
+    include_routes(app, images.router, prefix="/v2")
+    include_routes(app, metadefs.router, prefix="/v2")
     return app

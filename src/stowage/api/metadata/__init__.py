@@ -18,7 +18,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import ApiError, api_app, compute_error, install_common
+from stowage.api.common import ApiError, api_app, compute_error, include_routes, install_common
 from stowage.api.responses import JSONResponse
 from stowage.domain.errors import NotFound
 from stowage.services import guest_metadata as service
@@ -136,7 +136,7 @@ def _app(cloud: Cloud, router: APIRouter) -> FastAPI:
     app = api_app()
     app.state.cloud = cloud
     install_common(app, compute_error)
-    app.include_router(router)
+    include_routes(app, router)
     return app
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import api_app, install_common, network_error
+from stowage.api.common import api_app, include_routes, install_common, network_error
 from stowage.api.network import quotas, resources, trunks
 from stowage.api.responses import JSONResponse
 from stowage.services.cloud import Cloud
@@ -40,6 +40,6 @@ def create_network_app(cloud: Cloud) -> FastAPI:
     app.state.cloud = cloud
     install_common(app, network_error)
     for module in _ROUTERS:
-        app.include_router(module.router, prefix="/v2.0")
-    app.include_router(discovery)
+        include_routes(app, module.router, prefix="/v2.0")
+    include_routes(app, discovery)
     return app

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from stowage.api.common import api_app, install_common, placement_error
+from stowage.api.common import api_app, include_routes, install_common, placement_error
 from stowage.api.placement import routes
 from stowage.api.placement.microversion import current, install_microversions
 from stowage.services.cloud import Cloud
@@ -28,5 +28,5 @@ def create_placement_app(cloud: Cloud) -> FastAPI:
     app.state.cloud = cloud
     install_microversions(app)
     install_common(app, _error)
-    app.include_router(routes.router)
+    include_routes(app, routes.router)
     return app

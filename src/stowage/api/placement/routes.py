@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from stowage.api.common import include_routes
 from stowage.api.placement import allocations, providers, traits
 from stowage.api.placement.microversion import MAX_VERSION, MIN_VERSION
 from stowage.api.responses import JSONResponse
@@ -31,6 +32,6 @@ async def versions() -> JSONResponse:
     )
 
 
-router.include_router(providers.router)
-router.include_router(traits.router)
-router.include_router(allocations.router)
+include_routes(router, providers.router)
+include_routes(router, traits.router)
+include_routes(router, allocations.router)

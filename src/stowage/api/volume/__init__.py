@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 
 from stowage.api.auth import cloud_of
-from stowage.api.common import api_app, compute_error, install_common
+from stowage.api.common import api_app, compute_error, include_routes, install_common
 from stowage.api.responses import JSONResponse
 from stowage.api.volume import metadata, refusals, resources, volumes
 from stowage.api.volume.microversion import MAX_VERSION, MIN_VERSION, install_microversions
@@ -63,8 +63,8 @@ def create_volume_app(cloud: Cloud) -> FastAPI:
     app.state.cloud = cloud
     install_microversions(app)
     install_common(app, compute_error)
-    app.include_router(discovery)
+    include_routes(app, discovery)
     # The refusals last: their catch-all must never shadow an implemented route.
     for module in (volumes, metadata, resources, refusals):
-        app.include_router(module.router, prefix="/v3/{project_id}")
+        include_routes(app, module.router, prefix="/v3/{project_id}")
     return app
