@@ -22,7 +22,7 @@ from stowage.api.common import api_routes
 from stowage.ledger import Ledger
 from stowage.services.cloud import Cloud, CloudConfig, bootstrap
 
-ON_LOOP = {"upload_data", "show", "act", "reconcile"}
+ON_LOOP = {"upload_data", "show", "act", "reconcile", "create_server"}
 
 
 def test_every_handler_runs_in_the_thread_pool(tmp_path: Path) -> None:

@@ -23,6 +23,17 @@ def _statements(ledger: Ledger) -> list[str]:
     return seen
 
 
+def _instances_and_a_flavor(ledger: Ledger, count: int) -> ObjectStore:
+    """A store of `count` instances (vm-0, vm-1, ...: body {"n": i}) and flavor 1."""
+    store = ObjectStore(ledger.engine)
+    with ledger.engine.begin() as conn:
+        store.create_each_in(
+            conn, [NewDocument("instance", f"vm-{i}", {"n": i}) for i in range(count)]
+        )
+    store.create("flavor", "1", {"name": "m1.tiny"})
+    return store
+
+
 def test_find_each_reads_the_pairs_that_exist_in_one_statement(db_url: str) -> None:
     ledger = Ledger.open(db_url)
     try:
@@ -45,12 +56,7 @@ def test_find_each_searches_the_key_rather_than_scan_every_document(db_url: str)
     key, of each kind, whatever else the table holds (it scanned the table on SQLite)."""
     ledger = Ledger.open(db_url)
     try:
-        store = ObjectStore(ledger.engine)
-        with ledger.engine.begin() as conn:
-            store.create_each_in(
-                conn, [NewDocument("instance", f"vm-{i}", {"n": i}) for i in range(300)]
-            )
-        store.create("flavor", "1", {"name": "m1.tiny"})
+        store = _instances_and_a_flavor(ledger, 300)
         seen = _statements(ledger)
         params: list[object] = []
 
@@ -86,12 +92,7 @@ def test_find_each_of_few_ids_renders_nothing_per_call_and_of_many_still_reads_a
     list expands again, and every id is still read."""
     ledger = Ledger.open(db_url)
     try:
-        store = ObjectStore(ledger.engine)
-        with ledger.engine.begin() as conn:
-            store.create_each_in(
-                conn, [NewDocument("instance", f"vm-{i}", {"n": i}) for i in range(40)]
-            )
-        store.create("flavor", "1", {"name": "m1.tiny"})
+        store = _instances_and_a_flavor(ledger, 40)
         rendered: list[bool] = []
 
         @event.listens_for(ledger.engine, "before_cursor_execute")

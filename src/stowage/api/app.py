@@ -26,6 +26,7 @@ from stowage.api.common import (
     network_error,
     placement_error,
     run_off_loop,
+    size_thread_pool,
     www_authenticate,
 )
 from stowage.api.compute import create_compute_app
@@ -87,6 +88,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     """The ledger's change-log pruning and the loop-lag watchdog, and the runtime if any."""
     cloud: Cloud = app.state.cloud
     runtime: Runtime | None = app.state.runtime
+    size_thread_pool(cloud)
     stack = contextlib.AsyncExitStack()
     await asyncio.to_thread(start_volume_service, cloud)
     await asyncio.to_thread(start_metadata_service, cloud)

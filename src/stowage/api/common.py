@@ -37,10 +37,12 @@ __all__ = [
     "include_routes",
     "install_common",
     "json_body",
+    "json_of",
     "loads",
     "on_loop",
     "parse_limit",
     "run_off_loop",
+    "size_thread_pool",
     "www_authenticate",
 ]
 
@@ -348,7 +350,11 @@ def _no_constant(name: str) -> Any:
 
 async def json_body(request: Request, *, required: bool = True) -> Any:
     """The request's JSON, or a 400 in the service's shape."""
-    raw = await request.body()
+    return json_of(await request.body(), required=required)
+
+
+def json_of(raw: bytes, *, required: bool = True) -> Any:
+    """`json_body` of a body already read."""
     if not raw:
         if required:
             raise ApiError(400, "The request body is missing or is not valid JSON.")
@@ -394,6 +400,29 @@ def run_off_loop(app: FastAPI) -> None:
         route.dependant.call = threaded
         route.get_route_handler = _body_first(route)  # type: ignore[method-assign,assignment]
         route.app = request_response(route.get_route_handler())
+
+
+def size_thread_pool(cloud: Any) -> None:
+    """The handlers' thread pool (anyio's default limiter, of the running loop): on a SQLite
+    ledger, `HANDLER_THREADS` threads; elsewhere anyio's 40.
+
+    On SQLite a handler's database work is this process's own CPU, under its one
+    interpreter lock: threads past a few make no more progress, they only pass the lock
+    around (on `GET /flavors/1` under 32 connections, 64 context switches and 125 futex
+    calls a request with 40 threads, 24 and 55 with 4; docs/performance.md 2026-12-07).
+    On PostgreSQL a handler waits on the network, where more threads do overlap. A cloud
+    whose answers wait for their operations (`api_wait_s`) keeps the 40: each waiting
+    answer holds its thread for up to that long. The handlers that wait on the loop
+    (`on_loop`: a create's commit, the bus) hold none meanwhile."""
+    from anyio import to_thread
+
+    sqlite = cloud.ledger.engine.dialect.name == "sqlite"
+    if sqlite and cloud.config.api_wait_s <= 0:
+        to_thread.current_default_thread_limiter().total_tokens = HANDLER_THREADS
+
+
+HANDLER_THREADS = 8
+"""The handlers' threads on a SQLite ledger (`size_thread_pool`)."""
 
 
 def api_routes(router: Any) -> Iterator[APIRoute]:

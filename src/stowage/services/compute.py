@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -237,19 +239,54 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
     cannot be placed ERROR with a fault that says why, as Nova does. `max_count` is cut to
     what the quotas allow, down to `min_count` (QuotaExceeded below that).
     """
-    shape_of_flavor(build.flavor)  # an unusable flavor is a 400 before anything exists
+    check_build(cloud, build)
+    docs = _committed_build(cloud, build, request_id)
+    cloud.kick()
+    return docs
+
+
+def check_build(cloud: Cloud, build: BuildRequest) -> None:
+    """What `build_servers` refuses before anything exists: an unusable flavor, a same_host
+    hint that names no placed instance (InvalidSpec), a missing group (NotFound)."""
+    shape_of_flavor(build.flavor)
     if build.same_host and not _host_ids_of(cloud, build.same_host):
         raise InvalidSpec("same_host: none of the named instances has a host")
     if build.group_id is not None:
-        cloud.ledger.get_group(build.group_id)  # a missing group is a 404 before anything exists
+        cloud.ledger.get_group(build.group_id)
+
+
+async def build_servers_soon(
+    cloud: Cloud, build: BuildRequest, request_id: str
+) -> list[dict[str, Any]]:
+    """`build_servers` of a request already checked (`check_build`, in a thread), from an
+    event loop: where the store groups writes (`stowage up`), the create joins the writer
+    thread's next group and the loop awaits its commit, so no thread waits for it (a handler
+    thread held through the commit was one less for every other request, and the creates
+    that could share a group were as many as the threads). Elsewhere, `build_servers`'s
+    commit in a thread of the loop's executor."""
+    soon = cloud.objects.write_together_soon(
+        functools.partial(_build_in, cloud, build=build, request_id=request_id, exclusive=False)
+    )
+    if soon is None:
+        docs = await asyncio.to_thread(_committed_build, cloud, build, request_id)
+    else:
+        try:
+            docs = await asyncio.wrap_future(soon)
+        except quotas.LimitsChanged:
+            docs = await asyncio.to_thread(
+                _build_in_one_commit, cloud, build, request_id, exclusive=True
+            )
+    cloud.kick()
+    return docs
+
+
+def _committed_build(cloud: Cloud, build: BuildRequest, request_id: str) -> list[dict[str, Any]]:
     try:
-        docs = _build_in_one_commit(cloud, build, request_id, exclusive=False)
+        return _build_in_one_commit(cloud, build, request_id, exclusive=False)
     except quotas.LimitsChanged:
         # A limit came to apply while the create held the quota lock shared: nothing was
         # written; counted this time, under the lock held exclusively.
-        docs = _build_in_one_commit(cloud, build, request_id, exclusive=True)
-    cloud.kick()
-    return docs
+        return _build_in_one_commit(cloud, build, request_id, exclusive=True)
 
 
 def _build_in_one_commit(

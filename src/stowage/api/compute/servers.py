@@ -11,9 +11,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from stowage.api.auth import cloud_of, require_context
-from stowage.api.common import ApiError, Context, json_body
+from stowage.api.common import ApiError, Context, json_body, json_of, on_loop
 from stowage.api.compute.create_schema import check_create_shapes
 from stowage.api.compute.floating_ips import FLOATING_ACTIONS, floating_action
 from stowage.api.compute.microversion import mv
@@ -53,8 +54,9 @@ from stowage.services import instances
 from stowage.services.cloud import Cloud
 from stowage.services.compute import (
     BuildRequest,
-    build_servers,
+    build_servers_soon,
     change_instance,
+    check_build,
     delete_server,
     instance_topology,
     power_action,
@@ -365,18 +367,14 @@ def _parse_zone(ctx: Context, raw: Any) -> tuple[str | None, str | None]:
 
 
 @router.post("/servers")
+@on_loop  # its reads and checks in the thread pool; its commit awaited here (build_servers_soon)
 async def create_server(request: Request) -> JSONResponse:
-    ctx = require_context(request)
-    if not ctx.can_write:
-        raise ApiError(403, "Policy doesn't allow os_compute_api:servers:create to be performed.")
+    raw = await request.body()
+    payload, build = await run_in_threadpool(_checked_create, request, raw)
     cloud = cloud_of(request)
-    payload = await json_body(request)
-    build = _parse_create(request, cloud, ctx, payload)
     try:
-        docs = await asyncio.to_thread(build_servers, cloud, build, request.state.request_id)
-    except InvalidSpec as exc:
-        raise ApiError(400, str(exc)) from None
-    except NotFound as exc:
+        docs = await build_servers_soon(cloud, build, request.state.request_id)
+    except (InvalidSpec, NotFound) as exc:
         raise ApiError(400, str(exc)) from None
     await settled(cloud, [d["id"] for d in docs])
     first = docs[0]
@@ -392,6 +390,22 @@ async def create_server(request: Request) -> JSONResponse:
     if payload["server"].get("return_reservation_id"):
         body = {"reservation_id": first["reservation_id"]}
     return JSONResponse(body, status_code=202)
+
+
+def _checked_create(request: Request, raw: bytes) -> tuple[Any, BuildRequest]:
+    """A create's caller, body and request, checked (in a thread: they read the ledger):
+    the body and the request to build, or the error to answer."""
+    ctx = require_context(request)
+    if not ctx.can_write:
+        raise ApiError(403, "Policy doesn't allow os_compute_api:servers:create to be performed.")
+    cloud = cloud_of(request)
+    payload = json_of(raw)
+    build = _parse_create(request, cloud, ctx, payload)
+    try:
+        check_build(cloud, build)
+    except (InvalidSpec, NotFound) as exc:
+        raise ApiError(400, str(exc)) from None
+    return payload, build
 
 
 def _list(request: Request, *, detail: bool) -> JSONResponse:
