@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,9 +240,7 @@ def build_servers(cloud: Cloud, build: BuildRequest, request_id: str) -> list[di
     what the quotas allow, down to `min_count` (QuotaExceeded below that).
     """
     check_build(cloud, build)
-    docs = _committed_build(cloud, build, request_id)
-    cloud.kick()
-    return docs
+    return commit_build(cloud, build, request_id)
 
 
 def check_build(cloud: Cloud, build: BuildRequest) -> None:
@@ -255,38 +253,33 @@ def check_build(cloud: Cloud, build: BuildRequest) -> None:
         cloud.ledger.get_group(build.group_id)
 
 
-async def build_servers_soon(
-    cloud: Cloud, build: BuildRequest, request_id: str
-) -> list[dict[str, Any]]:
-    """`build_servers` of a request already checked (`check_build`, in a thread), from an
-    event loop: where the store groups writes (`stowage up`), the create joins the writer
-    thread's next group and the loop awaits its commit, so no thread waits for it (a handler
-    thread held through the commit was one less for every other request, and the creates
-    that could share a group were as many as the threads). Elsewhere, `build_servers`'s
-    commit in a thread of the loop's executor."""
-    soon = cloud.objects.write_together_soon(
-        functools.partial(_build_in, cloud, build=build, request_id=request_id, exclusive=False)
-    )
-    if soon is None:
-        docs = await asyncio.to_thread(_committed_build, cloud, build, request_id)
-    else:
-        try:
-            docs = await asyncio.wrap_future(soon)
-        except quotas.LimitsChanged:
-            docs = await asyncio.to_thread(
-                _build_in_one_commit, cloud, build, request_id, exclusive=True
-            )
+def commit_build(cloud: Cloud, build: BuildRequest, request_id: str) -> list[dict[str, Any]]:
+    """`build_servers` of a request already checked (`check_build`)."""
+    try:
+        docs = _build_in_one_commit(cloud, build, request_id, exclusive=False)
+    except quotas.LimitsChanged:
+        # A limit came to apply while the create held the quota lock shared: nothing was
+        # written; counted this time, under the lock held exclusively.
+        docs = _build_in_one_commit(cloud, build, request_id, exclusive=True)
     cloud.kick()
     return docs
 
 
-def _committed_build(cloud: Cloud, build: BuildRequest, request_id: str) -> list[dict[str, Any]]:
-    try:
-        return _build_in_one_commit(cloud, build, request_id, exclusive=False)
-    except quotas.LimitsChanged:
-        # A limit came to apply while the create held the quota lock shared: nothing was
-        # written; counted this time, under the lock held exclusively.
-        return _build_in_one_commit(cloud, build, request_id, exclusive=True)
+def build_servers_soon(
+    cloud: Cloud, build: BuildRequest, request_id: str
+) -> Future[list[dict[str, Any]]] | None:
+    """`commit_build` joined to the store's next group write (`stowage up`): the future of
+    its instances, which an event loop awaits without a thread waiting for it (a handler
+    thread held through the commit was one less for every other request, and the creates
+    that could share a group were as many as the threads); None where writes are not
+    grouped (call `commit_build` from a thread). A grouped write is on SQLite, where the
+    quota lock is no lock to choose (no `LimitsChanged`)."""
+    soon = cloud.objects.write_together_soon(
+        functools.partial(_build_in, cloud, build=build, request_id=request_id, exclusive=False)
+    )
+    if soon is not None:
+        soon.add_done_callback(lambda _: cloud.kick())  # the kick is safe from any thread
+    return soon
 
 
 def _build_in_one_commit(

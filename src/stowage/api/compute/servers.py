@@ -57,6 +57,7 @@ from stowage.services.compute import (
     build_servers_soon,
     change_instance,
     check_build,
+    commit_build,
     delete_server,
     instance_topology,
     power_action,
@@ -372,8 +373,13 @@ async def create_server(request: Request) -> JSONResponse:
     raw = await request.body()
     payload, build = await run_in_threadpool(_checked_create, request, raw)
     cloud = cloud_of(request)
+    request_id = request.state.request_id
     try:
-        docs = await build_servers_soon(cloud, build, request.state.request_id)
+        soon = build_servers_soon(cloud, build, request_id)
+        if soon is None:
+            docs = await run_in_threadpool(commit_build, cloud, build, request_id)
+        else:
+            docs = await asyncio.wrap_future(soon)
     except (InvalidSpec, NotFound) as exc:
         raise ApiError(400, str(exc)) from None
     await settled(cloud, [d["id"] for d in docs])
