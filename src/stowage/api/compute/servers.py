@@ -6,6 +6,7 @@ import asyncio
 import re
 import secrets
 import time
+from concurrent.futures import Future
 from datetime import datetime
 from typing import Any
 
@@ -368,21 +369,15 @@ def _parse_zone(ctx: Context, raw: Any) -> tuple[str | None, str | None]:
 
 
 @router.post("/servers")
-@on_loop  # its reads and checks in the thread pool; its commit awaited here (build_servers_soon)
+@on_loop  # its reads, checks and any commit of its own in the thread pool; a group's here
 async def create_server(request: Request) -> JSONResponse:
     raw = await request.body()
-    payload, build = await run_in_threadpool(_checked_create, request, raw)
-    cloud = cloud_of(request)
-    request_id = request.state.request_id
+    payload, made = await run_in_threadpool(_create, request, raw)
     try:
-        soon = build_servers_soon(cloud, build, request_id)
-        if soon is None:
-            docs = await run_in_threadpool(commit_build, cloud, build, request_id)
-        else:
-            docs = await asyncio.wrap_future(soon)
+        docs = made if isinstance(made, list) else await asyncio.wrap_future(made)
     except (InvalidSpec, NotFound) as exc:
         raise ApiError(400, str(exc)) from None
-    await settled(cloud, [d["id"] for d in docs])
+    await settled(cloud_of(request), [d["id"] for d in docs])
     first = docs[0]
     body: dict[str, Any] = {
         "server": {
@@ -398,20 +393,26 @@ async def create_server(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=202)
 
 
-def _checked_create(request: Request, raw: bytes) -> tuple[Any, BuildRequest]:
-    """A create's caller, body and request, checked (in a thread: they read the ledger):
-    the body and the request to build, or the error to answer."""
+def _create(
+    request: Request, raw: bytes
+) -> tuple[Any, list[dict[str, Any]] | Future[list[dict[str, Any]]]]:
+    """A create's caller, body and request checked, in a thread (they read the ledger), and
+    its commit: the body, and the instances made, or where the store groups its writes
+    (`stowage up`) the future of the group commit the create joined, for the event loop to
+    await without a thread waiting for it (`build_servers_soon`)."""
     ctx = require_context(request)
     if not ctx.can_write:
         raise ApiError(403, "Policy doesn't allow os_compute_api:servers:create to be performed.")
     cloud = cloud_of(request)
     payload = json_of(raw)
     build = _parse_create(request, cloud, ctx, payload)
+    request_id = request.state.request_id
     try:
         check_build(cloud, build)
+        soon = build_servers_soon(cloud, build, request_id)
+        return payload, soon if soon is not None else commit_build(cloud, build, request_id)
     except (InvalidSpec, NotFound) as exc:
         raise ApiError(400, str(exc)) from None
-    return payload, build
 
 
 def _list(request: Request, *, detail: bool) -> JSONResponse:
