@@ -972,3 +972,30 @@ def test_a_spawn_is_one_trip_to_the_driver_pool_and_settles_a_repeated_one(
             "other pins": [("destroy", "vm"), ("spawn", "vm")],
         }[found]
     )
+
+
+def test_an_operation_started_twice_at_once_is_driven_once(cloud: Cloud) -> None:
+    """A lease and a schedule step can hand the conductor the same operation at once: the
+    schedule inserts a build's spawn leased to this conductor, and a lease that began before
+    reads it as this conductor's own to take. Each side checked it was not driven before an
+    await; both then drove it (seen in CI on PostgreSQL: the spawn committed twice, the
+    second a ConflictError). An operation is driven by one task of a conductor, however it
+    comes."""
+    build_servers(cloud, request(1), "req")
+    schedule_builds(cloud, [op for op in cloud.operations.active() if op.step == "schedule"])
+    (op,) = [op for op in cloud.operations.active() if op.step == "spawn"]
+    conductor = Conductor(cloud, InProcTransport(), FAST)
+    driven: list[str] = []
+
+    async def drive_once(self: Conductor, taken: Any) -> None:
+        driven.append(taken.id)
+        await asyncio.sleep(0.05)
+
+    async def both() -> None:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Conductor, "_drive", drive_once)
+            await asyncio.gather(conductor._start_each([op]), conductor._start_each([op]))
+            await asyncio.gather(*conductor._active.values())
+
+    asyncio.run(both())
+    assert driven == [op.id]

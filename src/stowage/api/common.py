@@ -9,7 +9,7 @@ import json
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, TypeVarTuple
+from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +28,9 @@ from stowage.domain.errors import (
     StowageError,
 )
 from stowage.domain.ids import new_request_id
+
+if TYPE_CHECKING:
+    from stowage.services.cloud import Cloud
 
 __all__ = [
     "ApiError",
@@ -402,9 +405,9 @@ def run_off_loop(app: FastAPI) -> None:
         route.app = request_response(route.get_route_handler())
 
 
-def size_thread_pool(cloud: Any) -> None:
+def size_thread_pool(cloud: Cloud) -> None:
     """The handlers' thread pool (anyio's default limiter, of the running loop): on a SQLite
-    ledger, `HANDLER_THREADS` threads; elsewhere anyio's 40.
+    ledger, `HANDLER_THREADS` threads; elsewhere it is left at anyio's default, 40.
 
     On SQLite a handler's database work is this process's own CPU, under its one
     interpreter lock: threads past a few make no more progress, they only pass the lock

@@ -324,6 +324,12 @@ class Conductor:
             return
         blocked = await asyncio.to_thread(self._hosts_with_cleanups, ops)
         for op in ops:
+            # Started meanwhile, by the other way in: a lease and a schedule step that inserts
+            # the same next step leased to this conductor can cross (the lease reads an
+            # operation this conductor owns as its own to take), and each was checked before
+            # an await. Checked again here, with nothing awaited before the task is counted.
+            if op.id in self._active:
+                continue
             if op.kind not in ("cleanup", "delete") and op.host in blocked.get(op.id, set()):
                 await asyncio.to_thread(self.ops.let_go, self.owner, op.id)
                 continue
