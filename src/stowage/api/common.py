@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
+from anyio import to_thread
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -207,6 +208,7 @@ def include_routes(parent: FastAPI | APIRouter, router: APIRouter, *, prefix: st
     here, when the app is built, instead of serving differently."""
     if router.dependencies or router.callbacks or router.responses or router.tags:
         raise TypeError(f"include_routes: {router!r} has router-wide settings")
+    target = parent.router if isinstance(parent, FastAPI) else parent
     for route in router.routes:
         included = getattr(route, "original_router", None)
         if included is not None:
@@ -216,7 +218,6 @@ def include_routes(parent: FastAPI | APIRouter, router: APIRouter, *, prefix: st
         if not isinstance(route, APIRoute):
             raise TypeError(f"include_routes: {route!r} is not an APIRoute")
         options = {name: getattr(route, name) for name in _ROUTE_OPTIONS}
-        target = parent.router if isinstance(parent, FastAPI) else parent
         target.add_api_route(
             prefix + route.path, route.endpoint, route_class_override=type(route), **options
         )
@@ -417,8 +418,6 @@ def size_thread_pool(cloud: Cloud) -> None:
     whose answers wait for their operations (`api_wait_s`) keeps the 40: each waiting
     answer holds its thread for up to that long. The handlers that wait on the loop
     (`on_loop`: a create's commit, the bus) hold none meanwhile."""
-    from anyio import to_thread
-
     sqlite = cloud.ledger.engine.dialect.name == "sqlite"
     if sqlite and cloud.config.api_wait_s <= 0:
         to_thread.current_default_thread_limiter().total_tokens = HANDLER_THREADS

@@ -313,22 +313,21 @@ class Conductor:
             for op in planning:
                 self._active[op.id] = task
             task.add_done_callback(self._forget_task)
-        await self._start_each([op for op in leased if op.id not in self._active])
+        await self._start_each(leased)
 
     async def _start_each(self, ops: list[Operation]) -> None:
         """Drive each of `ops`, leased to this conductor, in a task of its own; or let it go
         where its host has an older clean-up to run first (a host's clean-ups run before
         anything new starts there, so a new instance never lands on pCPUs that an instance
-        being cleaned up still runs on)."""
+        being cleaned up still runs on). Those this conductor drives already are left: a
+        lease and a schedule step that inserts the same next step leased to this conductor
+        can cross (the lease reads an operation this conductor owns as its own to take)."""
+        ops = [op for op in ops if op.id not in self._active]
         if not ops:
             return
         blocked = await asyncio.to_thread(self._hosts_with_cleanups, ops)
         for op in ops:
-            # Started meanwhile, by the other way in: a lease and a schedule step that inserts
-            # the same next step leased to this conductor can cross (the lease reads an
-            # operation this conductor owns as its own to take), and each was checked before
-            # an await. Checked again here, with nothing awaited before the task is counted.
-            if op.id in self._active:
+            if op.id in self._active:  # started meanwhile, while the clean-ups were read
                 continue
             if op.kind not in ("cleanup", "delete") and op.host in blocked.get(op.id, set()):
                 await asyncio.to_thread(self.ops.let_go, self.owner, op.id)
