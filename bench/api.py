@@ -660,13 +660,16 @@ class Holds:
             if held <= 0:
                 continue
             cpu = sum(t["cpu_s"] for t in now.values())
+            delay = sum(t.get("run_delay_s", 0.0) for t in now.values())
             top = sorted(now.items(), key=lambda kv: -kv[1]["held_s"])[:4]
             lines.append(
                 f"write lock held by process {pid}: {held:.2f} s ({held / seconds:.0%} of the "
-                f"run, {held / boots * 1e3:.2f} ms a boot), on a core {cpu / held:.0%} of it; "
+                f"run, {held / boots * 1e3:.2f} ms a boot), on a core {cpu / held:.0%} of it, "
+                f"waiting for a core {delay / held:.0%}; "
                 + "; ".join(
                     f"{site}: {int(t['holds'])} holds, {t['held_s'] / t['holds'] * 1e3:.2f} ms "
-                    f"each, {t['cpu_s'] / t['held_s']:.0%} on a core, waited "
+                    f"each, {t['cpu_s'] / t['held_s']:.0%} on a core, "
+                    f"{t.get('run_delay_s', 0.0) / t['held_s']:.0%} waiting for one, waited "
                     f"{t['waited_s']:.2f} s"
                     for site, t in top
                     if t["holds"] > 0 and t["held_s"] > 0

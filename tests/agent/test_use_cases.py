@@ -807,6 +807,91 @@ def test_a_batch_of_claims_reads_its_instances_and_inserts_their_next_steps_at_o
     assert sorted(op.instance_id for op in spawns) == sorted(several)
 
 
+def test_a_create_of_one_server_ends_its_schedule_step_in_its_claims_commit(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite a batch of creates of one server each is one commit: each create's schedule
+    operation ends with its instance's claim, the batch's ends one held statement (before:
+    the claims' commit, then another to end the operations). A create of several servers,
+    one whose instance no longer waits, and one whose claim is refused end in a commit
+    after, as before; so does every one on PostgreSQL, where nothing is held."""
+    sqlite = cloud.ledger.engine.dialect.name == "sqlite"
+    single = [build_servers(cloud, request(1), f"req-{n}")[0]["id"] for n in range(3)]
+    ops = [op for op in cloud.operations.active() if op.step == "schedule"]
+    cloud.scheduler.current_view()  # the view's first load is not the step's
+    commits: list[str] = []
+    ends: list[str] = []
+
+    def on_commit(conn: Any) -> None:
+        if not conn.get_execution_options().get("stowage_readonly"):  # a write's commit
+            commits.append("commit")
+
+    def on_execute(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        text = " ".join(statement.replace('"', "").split()).upper()
+        if text.startswith("UPDATE OPERATIONS"):
+            ends.append(text)
+
+    def watching(run: Any) -> Any:
+        commits.clear()
+        ends.clear()
+        event.listen(cloud.ledger.engine, "commit", on_commit)
+        event.listen(cloud.ledger.engine, "before_cursor_execute", on_execute)
+        try:
+            return run()
+        finally:
+            event.remove(cloud.ledger.engine, "commit", on_commit)
+            event.remove(cloud.ledger.engine, "before_cursor_execute", on_execute)
+
+    watching(lambda: schedule_builds(cloud, ops))
+    assert len(commits) == (1 if sqlite else 2), commits
+    assert len(ends) == 1, ends  # one statement ends the three, in either commit
+    for instance_id in single:
+        assert cloud.objects.get("instance", instance_id).body["task_state"] == "spawning"
+    assert {cloud.operations.find(op.id).state for op in ops} == {"done"}  # type: ignore[union-attr]
+
+    # A create of two, one of one whose instance no longer waits, and one of one whose
+    # claim is refused in its commit: their operations end after, in a commit of their own.
+    several = [d["id"] for d in build_servers(cloud, request(2), "req-many")]
+    gone = build_servers(cloud, request(1), "req-gone")[0]["id"]
+    body = cloud.objects.get("instance", gone).body
+    cloud.objects.update("instance", gone, {**body, "task_state": "deleting"})
+    refused = build_servers(cloud, request(1), "req-refused")[0]["id"]
+    kept = build_servers(cloud, request(1), "req-kept")[0]["id"]
+    ops = [op for op in cloud.operations.active() if op.step == "schedule"]
+    assert len(ops) == 4
+    real_swap = cloud.objects.swap_in
+
+    def swap_in(conn: Any, kind: str, key: str, *args: Any, **kwargs: Any) -> Any:
+        if key == refused:  # changed while it was scheduled: its claim is refused
+            return False
+        return real_swap(conn, kind, key, *args, **kwargs)
+
+    monkeypatch.setattr(cloud.objects, "swap_in", swap_in)
+    watching(lambda: schedule_builds(cloud, ops))
+    monkeypatch.setattr(cloud.objects, "swap_in", real_swap)
+    assert len(commits) >= 2, commits
+    for instance_id in [*several, kept]:
+        assert cloud.objects.get("instance", instance_id).body["task_state"] == "spawning"
+    for instance_id in (gone, refused):
+        assert cloud.objects.get("instance", instance_id).body.get("host") is None
+    assert {cloud.operations.find(op.id).state for op in ops} == {"done"}  # type: ignore[union-attr]
+
+
+def test_a_schedule_steps_end_with_its_claim_is_undone_with_it(cloud: Cloud) -> None:
+    """The end held in a claim's commit commits with it or not at all: a crash at that
+    commit leaves the create's schedule operation active and its instance waiting, and
+    the step run again places it and ends the operation."""
+    (vm,) = (d["id"] for d in build_servers(cloud, request(1), "req"))
+    ops = [op for op in cloud.operations.active() if op.step == "schedule"]
+    with crash_at_commit(cloud.ledger.engine, 1), pytest.raises(Crash):
+        schedule_builds(cloud, ops)
+    assert [op.id for op in cloud.operations.active() if op.step == "schedule"] == [ops[0].id]
+    assert cloud.objects.get("instance", vm).body["task_state"] == "scheduling"
+    schedule_builds(cloud, ops)
+    assert not [op for op in cloud.operations.active() if op.step == "schedule"]
+    assert cloud.objects.get("instance", vm).body["task_state"] == "spawning"
+
+
 def test_a_stale_writer_does_not_undo_another_writers_transition(cloud: Cloud) -> None:
     """A field another writer changed since this writer's read is a conflict, not overwritten
     (a conductor finishing a step must not undo a delete's task state)."""

@@ -210,3 +210,63 @@ def test_the_tally_names_where_each_write_began_and_how_long_it_held(
     assert 0 <= tally["cpu_s"] < 0.3
     assert tally["waited_s"] >= 0
     assert sum(t["holds"] for t in sites.values()) == 3  # the CREATE TABLE's, and no read
+
+
+def test_the_tally_tells_a_holders_wait_for_a_core_from_its_other_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder that shares its core with a busy process is ready to run but waits for the
+    core part of its hold: the tally counts that time apart (the kernel's run delay), and
+    a sleep inside the hold is not counted in it."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from stowage.ledger.db import TALLY_ENV
+
+    folder = tmp_path / "holds"
+    monkeypatch.setenv(TALLY_ENV, str(folder))
+    engine = make_engine(sqlite_url(tmp_path / "tallied.db"))
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE n (i INTEGER)"))
+    core = min(os.sched_getaffinity(0))
+    mine = os.sched_getaffinity(0)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(busy.pid, {core})
+        os.sched_setaffinity(0, {core})  # this thread only (Linux)
+
+        def crowded_writer() -> None:
+            with engine.begin() as conn:
+                conn.execute(text("INSERT INTO n VALUES (1)"))
+                end = time.perf_counter() + 0.6
+                while time.perf_counter() < end:  # ready to run all along, on a shared core
+                    pass
+
+        def sleeping_writer() -> None:
+            with engine.begin() as conn:
+                conn.execute(text("INSERT INTO n VALUES (2)"))
+                time.sleep(0.3)  # held, not ready to run
+
+        crowded_writer()
+        os.sched_setaffinity(0, mine)
+        busy.kill()
+        busy.wait()
+        sleeping_writer()
+    finally:
+        os.sched_setaffinity(0, mine)
+        if busy.poll() is None:
+            busy.kill()
+            busy.wait()
+    engine.dispose()
+    time.sleep(3 * 0.2)
+    (path,) = folder.glob("writer-holds-*.json")
+    sites = json.loads(path.read_text())
+    crowded = next(t for s, t in sites.items() if "crowded_writer" in s)
+    sleeping = next(t for s, t in sites.items() if "sleeping_writer" in s)
+    # Sharing one core with a process that never sleeps, the holder got about half of it.
+    assert crowded["run_delay_s"] >= 0.15, crowded
+    assert crowded["cpu_s"] + crowded["run_delay_s"] <= crowded["held_s"] + 0.05, crowded
+    assert sleeping["held_s"] >= 0.3 and sleeping["run_delay_s"] < 0.1, sleeping

@@ -327,16 +327,18 @@ class _WriterGate:
 class _HoldTally:
     """A profile of the write lock (`TALLY_ENV`): for each place a write transaction began
     (the first two frames above the ledger's plumbing, or the thread's name), how many holds,
-    the seconds held, the holding thread's CPU seconds within them (the rest it waited: for
-    the GIL, for a core), and the seconds waited for the lock. A thread of its own writes it
-    to `<folder>/writer-holds-<pid>.json` every 0.2 s while it changes."""
+    the seconds held, the holding thread's CPU seconds within them, the seconds of them it
+    was ready to run but waited for a core (the kernel's run delay, where it keeps one), the
+    rest it slept (for the GIL, a lock, I/O), and the seconds waited for the lock. A thread
+    of its own writes it to `<folder>/writer-holds-<pid>.json` every 0.2 s while it
+    changes."""
 
     every_s = 0.2
 
     def __init__(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self._path = folder / f"writer-holds-{os.getpid()}.json"
-        self._held: dict[int, tuple[float, float, float, str]] = {}
+        self._held: dict[int, tuple[float, float, float, float, str]] = {}
         self._sites: dict[str, list[float]] = {}
         self._changed = threading.Event()
         self._lock = threading.Lock()
@@ -344,23 +346,24 @@ class _HoldTally:
 
     def taken(self, raw: Any, asked: float) -> None:
         now = time.perf_counter()
-        self._held[id(raw)] = (asked, now, time.thread_time(), _site())
+        self._held[id(raw)] = (asked, now, time.thread_time(), _run_delay_s(), _site())
 
     def let_go(self, raw: Any) -> None:
         held = self._held.pop(id(raw), None)
         if held is None:
             return
-        asked, taken, cpu, site = held
+        asked, taken, cpu, delay, site = held
         with self._lock:
-            tally = self._sites.setdefault(site, [0, 0.0, 0.0, 0.0])
+            tally = self._sites.setdefault(site, [0, 0.0, 0.0, 0.0, 0.0])
             tally[0] += 1
             tally[1] += time.perf_counter() - taken
             tally[2] += time.thread_time() - cpu
             tally[3] += taken - asked
+            tally[4] += _run_delay_s() - delay
         self._changed.set()
 
     def _write(self) -> None:
-        keys = ("holds", "held_s", "cpu_s", "waited_s")
+        keys = ("holds", "held_s", "cpu_s", "waited_s", "run_delay_s")
         while True:
             self._changed.wait()
             self._changed.clear()
@@ -370,6 +373,16 @@ class _HoldTally:
             part.write_text(json.dumps(sites))
             part.replace(self._path)
             time.sleep(self.every_s)
+
+
+def _run_delay_s() -> float:
+    """The calling thread's time ready to run but waiting for a core, from Linux's
+    `/proc/thread-self/schedstat` (its second field, in ns); 0 where there is none."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 _PLUMBING = ("/stowage/ledger/db.py", "/stowage/ledger/objects.py")

@@ -311,6 +311,19 @@ class Operations:
         if changed != len(set(op_ids)) and self.guarded:
             raise OperationEnded(f"of operations {', '.join(op_ids)}, one has already ended")
 
+    def end_later(self, conn: Connection, op_id: str, *, state: str) -> bool:
+        """Hold the end of `op_id` (in a terminal `state`) to the end of the group write or
+        `held_inserts` block on `conn` (`update_later`: the ends held there are one
+        statement), and only while it is still active: an operation ended by then undoes the
+        block (`HeldWriteMissed`). False where nothing holds writes on `conn` (PostgreSQL,
+        or outside such a block): nothing is written, the caller ends it itself."""
+        if state not in TERMINAL_STATES:
+            raise ValueError(f"{state} is not a state an operation ends in")
+        now = self.clock()
+        values = {"state": state, "updated_at": now, "next_at": now}
+        values.update(owner=None, lease_until=None)
+        return update_later(conn, operations, {"id": op_id}, values, where=_STILL_ACTIVE)
+
     def update(self, op_id: str, **changes: Any) -> None:
         with self.engine.begin() as conn:
             self.advance(conn, op_id, **changes)

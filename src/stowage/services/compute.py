@@ -428,6 +428,9 @@ def schedule_builds(
         for instance_id in _instance_ids(op)
     }
     free: list[Request] = []
+    # A create of one server (the most) ends with its claim, in its commit, where the store
+    # can hold the end to the batch's one statement (SQLite): no commit of its own after.
+    ends: dict[str, str] = {}
     instances = _instances_of(cloud, ops)
     for op in ops:
         requests = _waiting_requests(cloud, op, instances)
@@ -436,12 +439,17 @@ def schedule_builds(
             made += _place(cloud, requests, request_ids, min_count=count, lease=lease)
         else:
             free.extend(requests)
+            if len(_instance_ids(op)) == 1:
+                ends[_instance_ids(op)[0]] = op.id
     # Requests of several creates (min_count 1) share one plan and one claim commit.
-    made += _place(cloud, free, request_ids, min_count=None, lease=lease)
-    # And the batch's operations end in one commit (a crash before it schedules them again:
-    # the instances placed meanwhile no longer wait, and are skipped).
-    with cloud.ledger.engine.begin() as conn:
-        cloud.operations.end_each(conn, [op.id for op in ops], state="done")
+    ended: set[str] = set()
+    made += _place(cloud, free, request_ids, min_count=None, lease=lease, ends=ends, ended=ended)
+    # And the batch's other operations end in one commit (a crash before it schedules them
+    # again: the instances placed meanwhile no longer wait, and are skipped).
+    rest = [op.id for op in ops if op.id not in ended]
+    if rest:
+        with cloud.ledger.engine.begin() as conn:
+            cloud.operations.end_each(conn, rest, state="done")
     return made
 
 
@@ -509,12 +517,18 @@ def _place(
     *,
     min_count: int | None,
     lease: tuple[str, float] | None = None,
+    ends: Mapping[str, str] | None = None,
+    ended: set[str] | None = None,
 ) -> list[Operation]:
     """The claims of `requests`, each committed with its instance and its next operation
-    (leased to `lease`'s owner when given); the next operations of those that committed."""
+    (leased to `lease`'s owner when given); the next operations of those that committed.
+    `ends` names, by instance, an operation to end (done) with the instance's claim where
+    the claim's commit can hold it (`Operations.end_later`); those ended so are added to
+    `ended`."""
     if not requests:
         return []
     nexts: dict[str, Operation] = {}  # by instance: a batch replayed claim by claim rewrites
+    held_ends: dict[str, str] = {}  # likewise: the operation ended with the instance's claim
 
     position = {r.instance_id: i for i, r in enumerate(requests)}
     read: dict[str, Any] = {"conn": None, "docs": {}}
@@ -564,6 +578,10 @@ def _place(
             owner=None if lease is None else lease[0],
             lease_s=0.0 if lease is None else lease[1],
         )
+        held_ends.pop(claim.instance_id, None)
+        op_id = (ends or {}).get(claim.instance_id)
+        if op_id is not None and cloud.operations.end_later(conn, op_id, state="done"):
+            held_ends[claim.instance_id] = op_id
 
     with cloud.schedule_lock:
         placements = cloud.scheduler.schedule(requests, min_count=min_count, also=placed)
@@ -572,6 +590,12 @@ def _place(
         for p in placements
         if p.claim is not None and p.request.instance_id in nexts
     ]
+    if ended is not None:
+        ended.update(
+            held_ends[p.request.instance_id]
+            for p in placements
+            if p.claim is not None and p.request.instance_id in held_ends
+        )
     for placement in placements:
         if placement.claim is None and placement.code is not RefusalCode.CONSUMER_GONE:
             _build_failed(
