@@ -1084,3 +1084,53 @@ def test_an_operation_started_twice_at_once_is_driven_once(cloud: Cloud) -> None
 
     asyncio.run(both())
     assert driven == [op.id]
+
+
+def test_two_conductors_driving_the_same_schedule_steps_at_once_place_each_server_once(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two conductors planning the same creates' schedule steps at once (a lease that ran
+    out while its conductor was still planning, say) claim each instance once, with one
+    spawn, and every step ends: a claim commits only while its instance waits to be
+    scheduled, so the later plan's claims are refused, not doubled."""
+    from stowage.services import compute
+
+    first = open_cloud(db_url, tmp_path / "a")
+    second = open_cloud(db_url, tmp_path / "b")
+    try:
+        vms = [build_servers(first, request(1), f"req-{n}")[0]["id"] for n in range(4)]
+        vms += [d["id"] for d in build_servers(first, request(2), "req-two")]
+        ops = [op for op in first.operations.active() if op.step == "schedule"]
+        assert len(ops) == 5
+        both_read = threading.Barrier(2, timeout=30)
+        planned = compute._place
+
+        def place(*args: Any, **kwargs: Any) -> Any:
+            both_read.wait()  # each has read every instance as waiting before either claims
+            return planned(*args, **kwargs)
+
+        monkeypatch.setattr(compute, "_place", place)
+        errors: list[BaseException] = []
+
+        def conduct(cloud: Cloud) -> None:
+            try:  # each as its conductor: the spawns it commits are leased to it
+                schedule_builds(cloud, ops, owner=cloud.config.state_dir.name, lease_s=60)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=conduct, args=(c,)) for c in (first, second)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        spawns = [op for op in first.operations.active() if op.step == "spawn"]
+        assert sorted(op.instance_id for op in spawns) == sorted(vms)
+        for vm in vms:
+            body = first.objects.get("instance", vm).body
+            assert body["task_state"] == "spawning" and body["host"], body
+        assert {first.operations.find(op.id).state for op in ops} == {"done"}  # type: ignore[union-attr]
+        assert audit_cloud(first.ledger, stale_after_s=0) == []
+    finally:
+        first.ledger.close()
+        second.ledger.close()
