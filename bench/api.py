@@ -645,7 +645,8 @@ class Holds:
 
     def report(self, seconds: float, boots: int) -> list[str]:
         """A line for each process: the lock held (seconds, share of `seconds`, ms a boot),
-        the holder's CPU in it, and its heaviest places."""
+        the holder's CPU in it and its wait for a core, and its heaviest places, each with
+        its holds' count and the boots a hold (a batch's size, for a claim or a group)."""
         if self.folder is None:
             return []
         time.sleep(self.settle_s)
@@ -667,8 +668,9 @@ class Holds:
                 f"run, {held / boots * 1e3:.2f} ms a boot), on a core {cpu / held:.0%} of it, "
                 f"waiting for a core {delay / held:.0%}; "
                 + "; ".join(
-                    f"{site}: {int(t['holds'])} holds, {t['held_s'] / t['holds'] * 1e3:.2f} ms "
-                    f"each, {t['cpu_s'] / t['held_s']:.0%} on a core, "
+                    f"{site}: {int(t['holds'])} holds ({boots / t['holds']:.1f} boots each), "
+                    f"{t['held_s'] / t['holds'] * 1e3:.2f} ms each, "
+                    f"{t['cpu_s'] / t['held_s']:.0%} on a core, "
                     f"{t.get('run_delay_s', 0.0) / t['held_s']:.0%} waiting for one, waited "
                     f"{t['waited_s']:.2f} s"
                     for site, t in top
