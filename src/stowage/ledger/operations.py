@@ -320,8 +320,13 @@ class Operations:
         if state not in TERMINAL_STATES:
             raise ValueError(f"{state} is not a state an operation ends in")
         now = self.clock()
-        values = {"state": state, "updated_at": now, "next_at": now}
-        values.update(owner=None, lease_until=None)
+        values = {
+            "state": state,
+            "updated_at": now,
+            "next_at": now,
+            "owner": None,
+            "lease_until": None,
+        }
         return update_later(conn, operations, {"id": op_id}, values, where=_STILL_ACTIVE)
 
     def update(self, op_id: str, **changes: Any) -> None:

@@ -439,8 +439,9 @@ def schedule_builds(
             made += _place(cloud, requests, request_ids, min_count=count, lease=lease)
         else:
             free.extend(requests)
-            if len(_instance_ids(op)) == 1:
-                ends[_instance_ids(op)[0]] = op.id
+            own = _instance_ids(op)
+            if len(own) == 1:
+                ends[own[0]] = op.id
     # Requests of several creates (min_count 1) share one plan and one claim commit.
     ended: set[str] = set()
     made += _place(cloud, free, request_ids, min_count=None, lease=lease, ends=ends, ended=ended)
