@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import multiprocessing
 import os
@@ -72,7 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -317,19 +318,24 @@ def token(base: str) -> tuple[str, str]:
     return response.headers["x-subject-token"], response.json()["token"]["project"]["id"]
 
 
-def _load(args: tuple[str, str, str, str, int, int, Any]) -> tuple[list[float], float]:
+def _load(args: tuple[str, str, str, str, int, int, Any, str]) -> tuple[list[float], float]:
     """One load process: `clients` threads sharing `count` requests; latencies in seconds,
     and the CPU seconds this process used (the load generator must not be the limit)."""
     import concurrent.futures
     import resource
 
-    base, tok, kind, image, count, clients, network = args
-    headers = {"X-Auth-Token": tok, "OpenStack-API-Version": "compute 2.96"}
-    url = f"{base}/compute/v2.1"
+    base, tok, kind, image, count, clients, network, client = args
+    headers = {
+        "X-Auth-Token": tok,
+        "OpenStack-API-Version": "compute 2.96",
+        "Content-Type": "application/json",
+    }
+    url = "/compute/v2.1"
+    send = _plain_sender if client == "plain" else _httpx_sender
 
     def worker(n: int) -> list[float]:
         out = []
-        with httpx.Client(headers=headers, timeout=120) as http:
+        with send(base, headers) as request:
             for i in range(n):
                 start = time.perf_counter()
                 if kind == "create":
@@ -341,11 +347,9 @@ def _load(args: tuple[str, str, str, str, int, int, Any]) -> tuple[list[float], 
                             "networks": [{"uuid": network}] if network else "none",
                         }
                     }
-                    response = http.post(f"{url}/servers", json=body)
-                    ok = response.status_code == 202
+                    ok = request("POST", f"{url}/servers", json.dumps(body).encode()) == 202
                 else:
-                    response = http.get(f"{url}/flavors/1")
-                    ok = response.status_code == 200
+                    ok = request("GET", f"{url}/flavors/1", None) == 200
                 out.append(time.perf_counter() - start if ok else -1.0)
         return out
 
@@ -356,6 +360,48 @@ def _load(args: tuple[str, str, str, str, int, int, Any]) -> tuple[list[float], 
     after = resource.getrusage(resource.RUSAGE_SELF)
     used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return latencies, used
+
+
+Sender = Callable[[str, str, bytes | None], int]
+
+
+@contextlib.contextmanager
+def _plain_sender(base: str, headers: dict[str, str]) -> Iterator[Sender]:
+    """Requests on one kept-alive connection of the standard library's `http.client`: about
+    a third of httpx's CPU a request, which the load generator takes from the machine it
+    shares with the cloud. A request that fails counts as refused (status 0) and the next
+    one opens a new connection."""
+    import http.client
+    import urllib.parse
+
+    where = urllib.parse.urlsplit(base)
+    conn = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port, timeout=120)
+
+    def request(method: str, path: str, body: bytes | None) -> int:
+        try:
+            conn.request(method, path, body, headers)
+            response = conn.getresponse()
+            response.read()
+            return response.status
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            return 0
+
+    try:
+        yield request
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def _httpx_sender(base: str, headers: dict[str, str]) -> Iterator[Sender]:
+    """Requests from an httpx client (what the benchmark sent up to session 23)."""
+    with httpx.Client(base_url=base, headers=headers, timeout=120) as http:
+
+        def request(method: str, path: str, body: bytes | None) -> int:
+            return http.request(method, path, content=body).status_code
+
+        yield request
 
 
 class Load:
@@ -380,12 +426,15 @@ def drive(
     total: int,
     clients: int,
     network: str | None = None,
+    client: str = "plain",
 ) -> tuple[float, list[float], float]:
     """Wall seconds, latencies and the load generator's CPU seconds of one phase."""
     procs = load.procs
     shares = [total // procs + (1 if i < total % procs else 0) for i in range(procs)]
     start = time.perf_counter()
-    parts = load.pool.map(_load, [(base, tok, kind, image, n, clients, network) for n in shares])
+    parts = load.pool.map(
+        _load, [(base, tok, kind, image, n, clients, network, client) for n in shares]
+    )
     elapsed = time.perf_counter() - start
     return elapsed, [x for part, _ in parts for x in part], sum(cpu for _, cpu in parts)
 
@@ -764,6 +813,7 @@ def run(
     src: Path | None,
     *,
     compute_process: bool = False,
+    client: str = "plain",
 ) -> dict[str, float]:
     """One cloud, every phase; prints each figure as it is measured and returns them."""
     work = Path(tempfile.mkdtemp(prefix="stowage-bench-api-"))
@@ -816,7 +866,9 @@ def run(
         network = make_network(base, tok, project) if args.nics else None
 
         cpu0 = snapshot()
-        get_s, get_lat, get_gen = drive(load, base, tok, "get", image, args.gets, args.clients)
+        get_s, get_lat, get_gen = drive(
+            load, base, tok, "get", image, args.gets, args.clients, client=client
+        )
         get_cpu, _, _, get_kinds = cpu_since(cpu0, get_s, args.gets)
         figures.update(
             get_rate=args.gets / get_s,
@@ -846,7 +898,7 @@ def run(
         threads.start()
         start_t = time.perf_counter()
         create_s, lat, create_gen = drive(
-            load, base, tok, "create", image, args.servers, args.clients, network
+            load, base, tok, "create", image, args.servers, args.clients, network, client
         )
         create_cpu, _, _, create_kinds = cpu_since(cpu0, create_s, args.servers)
         create_threads = threads.report(create_s)
@@ -1033,7 +1085,18 @@ def main() -> None:
         "here, as the figures before 2026-12-06 were taken); or both: this checkout in one "
         "process, then with --compute-process, side by side",
     )
+    parser.add_argument(
+        "--load-client",
+        choices=("plain", "httpx", "both"),
+        default="plain",
+        help="the load generator's HTTP client: the standard library's http.client (plain, "
+        "the default since session 24), httpx (before), or both: this checkout driven by "
+        "httpx, then by http.client, side by side",
+    )
     args = parser.parse_args()
+    alone = args.before_src is None and args.compute_process != "both"
+    if args.load_client == "both" and not alone:
+        parser.error("--load-client both compares two runs of this checkout: nothing else")
     if args.threads and args.compute_process != "off":
         parser.error("--threads reads one process's threads: not with --compute-process")
     if args.compute_process == "both" and args.before_src is not None:
@@ -1043,17 +1106,23 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
     load = Load(args.procs)
     try:
-        # Each side: its label, its source tree (None: this checkout), and whether split.
-        sides: list[tuple[str, Path | None, bool]]
+        # Each side: its label, its source tree (None: this checkout), whether split, and
+        # the load generator's client.
+        sides: list[tuple[str, Path | None, bool, str]]
+        split = args.compute_process == "on"
+        client = "plain" if args.load_client == "both" else args.load_client
         if args.compute_process == "both":
-            sides = [("one process", None, False), ("compute process", None, True)]
+            sides = [("one process", None, False, client), ("compute process", None, True, client)]
+        elif args.load_client == "both":
+            sides = [("httpx", None, split, "httpx"), ("http.client", None, split, "plain")]
         else:
-            split = args.compute_process == "on"
-            sides = [("before", args.before_src.resolve(), split)] if args.before_src else []
-            sides.append(("after" if sides else "this", None, split))
+            sides = []
+            if args.before_src:
+                sides.append(("before", args.before_src.resolve(), split, client))
+            sides.append(("after" if sides else "this", None, split, client))
         runs = [
-            (label, run(args, load, label, src, compute_process=split))
-            for label, src, split in sides
+            (label, run(args, load, label, src, compute_process=split, client=client))
+            for label, src, split, client in sides
         ]
     finally:
         load.close()
