@@ -3,9 +3,11 @@ lines alike, in JSON and in key=value."""
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import logging
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -86,3 +88,33 @@ def test_structlog_lines_keep_each_loggers_level_and_share_the_stream(
     assert "event='op o1 waits'" in out.getvalue()
     out.close()
     logger("stowage.test").info("after the stream closed")  # does not raise
+
+
+def test_nested_binds_a_logger_made_before_and_the_lines_time(restored_logging: None) -> None:
+    """A logger made before the configuration writes under it (and under the next one), an
+    inner bind adds to the outer and gives it back whole, and each line's time is ISO 8601
+    in UTC with microseconds, as structlog's own stamper writes it."""
+    made_early = logger("stowage.test.early")
+    first, second = io.StringIO(), io.StringIO()
+    configure_logging("json", "info", process="test", stream=first)
+    before = datetime.datetime.now(datetime.UTC)
+    with bind(request_id="req-outer", op_id="op-1"):
+        with bind(request_id="req-inner", op_kind="build", host=None):
+            made_early.info("inner")
+        made_early.info("outer")
+    after = datetime.datetime.now(datetime.UTC)
+    configure_logging("json", "info", process="again", stream=second)
+    made_early.info("reconfigured")
+    lines = [json.loads(line) for line in first.getvalue().splitlines()]
+    assert [(ln["event"], ln["request_id"], ln["op_id"], ln.get("op_kind")) for ln in lines] == [
+        ("inner", "req-inner", "op-1", "build"),
+        ("outer", "req-outer", "op-1", None),
+    ]
+    assert "host" not in lines[0]
+    assert current_request_id() is None
+    for ln in lines:
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", ln["timestamp"])
+        stamped = datetime.datetime.fromisoformat(ln["timestamp"].replace("Z", "+00:00"))
+        assert before <= stamped <= after
+    (again,) = [json.loads(line) for line in second.getvalue().splitlines()]
+    assert (again["event"], again["process"]) == ("reconfigured", "again")
