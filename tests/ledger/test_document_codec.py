@@ -56,3 +56,14 @@ def test_a_document_read_back_swaps(tmp_path: Path) -> None:
         assert store.get("thing", "t1").body["name"] == "next"
     finally:
         ledger.close()
+
+
+def test_integers_at_the_edges_of_64_bits_keep_every_digit() -> None:
+    """orjson reads an integer past its 64 bits as a float: each of these has 19 digits or
+    more, so json reads it; digits in a string or in another script decode with orjson."""
+    edges = [2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**30]
+    stored = json.dumps({"edges": edges, "id": "1" * 25, "arabic": "١٢٣٤٥٦٧٨٩" * 3})
+    decoded = decode_body(stored)
+    assert decoded["edges"] == edges
+    assert all(isinstance(n, int) for n in decoded["edges"])
+    assert decoded["id"] == "1" * 25 and decoded["arabic"] == "١٢٣٤٥٦٧٨٩" * 3

@@ -7,7 +7,6 @@ import functools
 import json
 import logging
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -897,8 +896,12 @@ def decode_body(text: str) -> Any:
     """A stored body: orjson (2-3x faster than json; a quarter of a server list's time was
     decoding), unless the text holds 19 digits in a row (orjson reads an integer past 64 bits
     as a float, silently) or orjson refuses it (NaN, a lone surrogate): then json, which
-    wrote it. Bodies are still written by json.dumps: the compare-and-swap compares text."""
-    if _LONG_DIGITS.search(text) is None:
+    wrote it. Bodies are still written by json.dumps: the compare-and-swap compares text.
+
+    The look for 19 digits maps every ASCII digit to one and searches the bytes (1.5-3 us a
+    document; a regular expression took 17-28 us, five times orjson's decoding). JSON's
+    numbers are ASCII: another script's digits cannot make one."""
+    if _DIGIT_RUN not in text.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO):
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:
@@ -906,7 +909,8 @@ def decode_body(text: str) -> Any:
     return json.loads(text)
 
 
-_LONG_DIGITS = re.compile(r"\d{19}")
+_DIGITS_AS_ZERO = bytes(b if b not in b"0123456789" else ord("0") for b in range(256))
+_DIGIT_RUN = b"0" * 19
 
 
 _Asked = tuple[Callable[[Connection], Any], "Future[Any]", tuple[tuple[str, str], ...]]
