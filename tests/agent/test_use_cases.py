@@ -588,14 +588,19 @@ def test_a_scheduled_builds_spawns_are_driven_without_a_lease_of_their_own(
 ) -> None:
     """The claim that places a build inserts its spawn leased to the conductor that planned
     it, which drives it at once. Before, each scheduled batch's spawns waited for the
-    conductor's next poll and took a write transaction of their own to lease."""
+    conductor's next poll and took a write transaction of their own to lease.
+
+    A poll that runs while the claim commits may still read a spawn it owns as its own to
+    take (the crossing `Conductor._start_each` leaves to whichever starts it first; on
+    PostgreSQL this test saw it, once in CI): so the polls here never hand a spawn over,
+    and every server still becomes ACTIVE, driven from its schedule step alone."""
     from stowage.ledger.operations import Operations
 
     leased_steps: list[str] = []
     lease = Operations.lease
 
     def watched(self: Operations, *args: Any, **kwargs: Any) -> Any:
-        taken = lease(self, *args, **kwargs)
+        taken = [op for op in lease(self, *args, **kwargs) if op.step != "spawn"]
         leased_steps.extend(op.step for op in taken)
         return taken
 
@@ -603,7 +608,8 @@ def test_a_scheduled_builds_spawns_are_driven_without_a_lease_of_their_own(
     for n in range(6):
         build_servers(cloud, request(1), f"req-{n}")
     drive(cloud, tmp_path, lambda: statuses(cloud) == ["ACTIVE"] * 6)
-    assert leased_steps.count("schedule") == 6 and "spawn" not in leased_steps, leased_steps
+    assert statuses(cloud) == ["ACTIVE"] * 6
+    assert leased_steps.count("schedule") == 6, leased_steps
     assert audit_cloud(cloud.ledger, stale_after_s=0) == []
 
 
