@@ -24,7 +24,7 @@ LEVELS = ("debug", "info", "warning", "error", "critical")
 # What `bind` bound: one variable holding the whole mapping (never changed in place), so a
 # bind is one set and one reset, and a line merges one dict. structlog's own contextvars
 # keep a variable per key and copy the whole context at every line and every bind
-# (9 us a bind, a tenth of the compute process's CPU went to logging under load).
+# (9 us a bind; under load 15% of the compute process's GIL samples ended in structlog).
 _BOUND: ContextVar[Mapping[str, Any]] = ContextVar(
     "stowage_log_bound", default=MappingProxyType({})
 )
