@@ -31,6 +31,7 @@ __all__ = [
     "NamedLock",
     "NestedTransaction",
     "default_url",
+    "direct_rows",
     "make_engine",
     "migrate",
     "sqlite_scans",
@@ -244,6 +245,64 @@ def _begin(raw: Any, statement: str) -> None:
         raw.execute(statement)
     except sqlite3.Error as exc:
         raise DBAPIError.instance(statement, (), exc, sqlite3.Error) from exc
+
+
+def direct_rows(conn: Connection, statement: Any, params: dict[str, Any]) -> list[Any]:
+    """The rows of a SELECT `statement` on `conn`, as `conn.execute(statement, params).all()`
+    gives them (by position; same values), run on SQLite's own connection where it can be.
+
+    SQLAlchemy's execution of a prebuilt read by key cost about 50 us of CPU against 14 us on
+    the same sqlite3 connection (its context, its events, its result and row objects), and a
+    boot makes 10-16 such reads, many with the write lock held (docs/performance.md, session
+    25). Here the statement is compiled once for SQLite and run on the driver's connection,
+    inside the connection's transaction: one is begun first where none is open, as
+    SQLAlchemy's first statement would (so two reads of one `reading()` read as of one
+    moment, as before). It goes through SQLAlchemy as before on another database, for a
+    statement with an expanding parameter (its SQL depends on the values), for one whose
+    columns convert their values (none of the ledger's documents' do), and where anyone
+    listens to the engine's cursor events: the tests and benches that count or interrupt
+    statements there see every one. The driver's error comes out as SQLAlchemy's."""
+    if conn.dialect.name != "sqlite" or _listened(conn):
+        return list(conn.execute(statement, params).all())
+    plan = _DIRECT.get(statement)
+    if plan is None:
+        plan = _DIRECT[statement] = _direct_plan(conn, statement)
+    if plan is _NOT_DIRECT:
+        return list(conn.execute(statement, params).all())
+    sql, names = plan
+    if not conn.in_transaction():
+        conn.begin()
+    raw = conn.connection.dbapi_connection
+    values = tuple(params[name] for name in names)
+    try:
+        return raw.execute(sql, values).fetchall()  # type: ignore[union-attr, no-any-return]
+    except sqlite3.Error as exc:
+        raise DBAPIError.instance(sql, values, exc, sqlite3.Error) from exc
+
+
+def _listened(conn: Connection) -> bool:
+    dispatch: Any = conn.dispatch
+    return bool(dispatch.before_cursor_execute) or bool(dispatch.after_cursor_execute)
+
+
+_NOT_DIRECT = ("", ())
+# Statement -> (SQL, its parameters' names in order), or _NOT_DIRECT. The ledger's direct
+# statements are module constants or cached by shape: a few hundred at most.
+_DIRECT: weakref.WeakKeyDictionary[Any, tuple[str, tuple[str, ...]]] = weakref.WeakKeyDictionary()
+
+
+def _direct_plan(conn: Connection, statement: Any) -> tuple[str, tuple[str, ...]]:
+    compiled: Any = statement.compile(dialect=conn.dialect)
+    dialect = conn.dialect
+    binds = compiled.binds.values()
+    if compiled.positiontup is None or any(b.expanding for b in binds):
+        return _NOT_DIRECT
+    if any(b.type._cached_bind_processor(dialect) is not None for b in binds):
+        return _NOT_DIRECT
+    columns = statement.selected_columns
+    if any(c.type._cached_result_processor(dialect, None) is not None for c in columns):
+        return _NOT_DIRECT
+    return str(compiled), tuple(compiled.positiontup)
 
 
 class _WriterGate:

@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from stowage.domain.errors import ConflictError, NotFound
-from stowage.ledger.db import READONLY
+from stowage.ledger.db import READONLY, direct_rows
 from stowage.ledger.schema import objects
 
 __all__ = [
@@ -742,8 +742,8 @@ class ObjectStore:
             if key in pending.read:
                 return pending.read[key]
             pending.see(conn, (key,))
-        row = conn.execute(_FIND, {"k_kind": kind, "k_id": id}).first()
-        return None if row is None else _doc(row)
+        rows = direct_rows(conn, _FIND, {"k_kind": kind, "k_id": id})
+        return _doc(rows[0]) if rows else None
 
     def find(self, kind: str, id: str) -> Document | None:
         with self.reading() as conn:
@@ -783,8 +783,8 @@ class ObjectStore:
             else:
                 params.update((f"id{i}_{n}", id) for n, id in enumerate(ids))
         shape = tuple(len(ids) for ids in by_kind.values())
-        rows = conn.execute(_find_each(shape), params).all()
-        return {(row.kind, row.id): _doc(row) for row in rows}
+        rows = direct_rows(conn, _find_each(shape), params)
+        return {(row[0], row[1]): _doc(row) for row in rows}
 
     def get(self, kind: str, id: str) -> Document:
         found = self.find(kind, id)
@@ -881,15 +881,9 @@ def _ref(kind: str, body: Mapping[str, Any]) -> str | None:
 
 
 def _doc(row: Any) -> Document:
-    return Document(
-        row.kind,
-        row.id,
-        row.project_id,
-        row.name,
-        row.created_at,
-        row.updated_at,
-        decode_body(row.body),
-    )
+    """A document of a row of `select(objects)`, read by position: SQLAlchemy's row or the
+    driver's tuple (`db.direct_rows`)."""
+    return Document(row[0], row[1], row[2], row[3], row[4], row[5], decode_body(row[6]))
 
 
 def decode_body(text: str) -> Any:
