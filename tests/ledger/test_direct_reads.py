@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import bindparam, event, select
 from sqlalchemy.exc import OperationalError
 
 from stowage.ledger import Ledger
-from stowage.ledger.db import make_engine, sqlite_url
+from stowage.ledger.db import direct_rows, make_engine, sqlite_url
 from stowage.ledger.objects import ObjectStore
 from stowage.ledger.schema import objects
 
@@ -78,6 +78,32 @@ def test_reads_by_key_go_straight_to_sqlite_and_find_the_same_documents(ledger: 
     # SQLAlchemy; the driver ran all five reads, after the one BEGIN.
     assert len(seen) == 1 and "IN (__[POSTCOMPILE_ids0])" in seen[0]
     assert driver[0] == "BEGIN" and sum(s.startswith("SELECT") for s in driver) == 5
+
+
+def test_a_statements_own_values_and_a_float_parameter_bind_as_sqlalchemy_binds_them(
+    ledger: Ledger,
+) -> None:
+    """A fixed IN list and a literal are the statement's (rendered one parameter per value);
+    a float column's parameter is converted by its type (an integer given binds as a float)."""
+    store = ObjectStore(ledger.engine, clock=iter(range(1, 100)).__next__)
+    for kind, id in [("flavor", "a"), ("image", "b"), ("port", "c"), ("flavor", "d")]:
+        store.create(kind, id, {}, name="n" if id != "d" else "other")
+    statement = (
+        select(objects.c.kind, objects.c.id)
+        .where(
+            objects.c.kind.in_(["flavor", "image"]),
+            objects.c.name == "n",
+            objects.c.created_at <= bindparam("until"),
+        )
+        .order_by(objects.c.id)
+    )
+    with ledger.engine.connect() as conn:
+        wanted = [tuple(r) for r in conn.execute(statement, {"until": 2})]
+    seen = _through_sqlalchemy(ledger)
+    with ledger.engine.connect() as conn:
+        got = [tuple(r) for r in direct_rows(conn, statement, {"until": 2})]
+    assert got == wanted == [("flavor", "a"), ("image", "b")]
+    assert seen == []
 
 
 def test_with_a_cursor_listener_every_read_goes_through_sqlalchemy(ledger: Ledger) -> None:

@@ -13,6 +13,7 @@ import sysconfig
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, ClassVar
@@ -257,11 +258,15 @@ def direct_rows(conn: Connection, statement: Any, params: dict[str, Any]) -> lis
     25). Here the statement is compiled once for SQLite and run on the driver's connection,
     inside the connection's transaction: one is begun first where none is open, as
     SQLAlchemy's first statement would (so two reads of one `reading()` read as of one
-    moment, as before). It goes through SQLAlchemy as before on another database, for a
-    statement with an expanding parameter (its SQL depends on the values), for one whose
-    columns convert their values (none of the ledger's documents' do), and where anyone
-    listens to the engine's cursor events: the tests and benches that count or interrupt
-    statements there see every one. The driver's error comes out as SQLAlchemy's."""
+    moment, as before). The values the statement holds (a literal, a fixed IN list) are bound
+    as compiled, the caller's by name from `params` (which gives a value only to parameters
+    built without one), each converted as its type converts it.
+
+    It goes through SQLAlchemy as before on another database, for a statement with an
+    expanding parameter the caller gives (its SQL depends on the values) or one computed at
+    execution, for one whose columns convert what they read (none of the ledger's do), and
+    where anyone listens to the engine's cursor events: the tests and benches that count or
+    interrupt statements there see every one. The driver's error comes out as SQLAlchemy's."""
     if conn.dialect.name != "sqlite" or _listened(conn):
         return list(conn.execute(statement, params).all())
     plan = _DIRECT.get(statement)
@@ -269,11 +274,16 @@ def direct_rows(conn: Connection, statement: Any, params: dict[str, Any]) -> lis
         plan = _DIRECT[statement] = _direct_plan(conn, statement)
     if plan is _NOT_DIRECT:
         return list(conn.execute(statement, params).all())
-    sql, names = plan
+    sql, slots = plan
     if not conn.in_transaction():
         conn.begin()
     raw = conn.connection.dbapi_connection
-    values = tuple(params[name] for name in names)
+    values = tuple(
+        [
+            fixed if name is None else params[name] if convert is None else convert(params[name])
+            for name, fixed, convert in slots
+        ]
+    )
     try:
         return raw.execute(sql, values).fetchall()  # type: ignore[union-attr, no-any-return]
     except sqlite3.Error as exc:
@@ -285,24 +295,44 @@ def _listened(conn: Connection) -> bool:
     return bool(dispatch.before_cursor_execute) or bool(dispatch.after_cursor_execute)
 
 
-_NOT_DIRECT = ("", ())
-# Statement -> (SQL, its parameters' names in order), or _NOT_DIRECT. The ledger's direct
-# statements are module constants or cached by shape: a few hundred at most.
-_DIRECT: weakref.WeakKeyDictionary[Any, tuple[str, tuple[str, ...]]] = weakref.WeakKeyDictionary()
+_Slots = tuple[tuple[str | None, Any, Callable[[Any], Any] | None], ...]
+"""Each positional parameter of a direct statement: the name of the caller's value and how
+its type converts it (SQLAlchemy's bind processor: a float's `float()`), or None and the value
+the statement holds, converted."""
+
+_NOT_DIRECT: tuple[str, _Slots] = ("", ())
+# Statement -> (SQL, its parameters), or _NOT_DIRECT. The ledger's direct statements are
+# module constants or cached by shape: a few hundred at most.
+_DIRECT: weakref.WeakKeyDictionary[Any, tuple[str, _Slots]] = weakref.WeakKeyDictionary()
 
 
-def _direct_plan(conn: Connection, statement: Any) -> tuple[str, tuple[str, ...]]:
-    compiled: Any = statement.compile(dialect=conn.dialect)
+def _direct_plan(conn: Connection, statement: Any) -> tuple[str, _Slots]:
     dialect = conn.dialect
-    binds = compiled.binds.values()
-    if compiled.positiontup is None or any(b.expanding for b in binds):
+    compiled: Any = statement.compile(dialect=dialect)
+    binds = list(compiled.binds.values())
+    asked = {b.key for b in binds if b.required}
+    if compiled.positiontup is None or any(b.callable is not None for b in binds):
         return _NOT_DIRECT
-    if any(b.type._cached_bind_processor(dialect) is not None for b in binds):
+    if any(b.expanding and b.key in asked for b in binds):
         return _NOT_DIRECT
+    processors = compiled._bind_processors
+    if any(b.expanding and b.key in processors for b in binds):
+        return _NOT_DIRECT  # (its values are bound one by one: left to SQLAlchemy)
     columns = statement.selected_columns
     if any(c.type._cached_result_processor(dialect, None) is not None for c in columns):
         return _NOT_DIRECT
-    return str(compiled), tuple(compiled.positiontup)
+    # The statement's own IN lists rendered as one parameter per value, as SQLAlchemy renders
+    # them at each execution.
+    expanded = compiled.construct_expanded_state(dict.fromkeys(asked))
+    slots: list[tuple[str | None, Any, Callable[[Any], Any] | None]] = []
+    for name in expanded.positiontup:
+        convert = processors.get(name)
+        if name in asked:
+            slots.append((name, None, convert))
+        else:
+            value = expanded.parameters[name]
+            slots.append((None, value if convert is None else convert(value), None))
+    return expanded.statement, tuple(slots)
 
 
 class _WriterGate:

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Engine, Update, and_, bindparam, insert, or_,
 from sqlalchemy.dialects import sqlite
 
 from stowage.domain.ids import new_uuid
-from stowage.ledger.db import READONLY
+from stowage.ledger.db import READONLY, direct_rows
 from stowage.ledger.objects import decode_body, insert_rows, update_later
 from stowage.ledger.schema import operations
 
@@ -160,19 +160,21 @@ class OperationEnded(Exception):
 
 
 def _row(row: Any) -> Operation:
+    """An operation of a row of `operations`' columns in order, read by position: SQLAlchemy's
+    row or the driver's tuple (`db.direct_rows`)."""
     return Operation(
-        id=row.id,
-        kind=row.kind,
-        instance_id=row.instance_id,
-        host=row.host,
-        migration_id=row.migration_id,
-        state=row.state,
-        step=row.step,
-        payload=decode_body(row.payload),
-        result=None if row.result is None else decode_body(row.result),
-        attempts=row.attempts,
-        created_at=row.created_at,
-        next_at=row.next_at,
+        id=row[0],
+        kind=row[1],
+        instance_id=row[2],
+        host=row[3],
+        migration_id=row[4],
+        state=row[5],
+        step=row[6],
+        payload=decode_body(row[7]),
+        result=None if row[8] is None else decode_body(row[8]),
+        attempts=row[9],
+        created_at=row[10],
+        next_at=row[12],
     )
 
 
@@ -352,8 +354,8 @@ class Operations:
             return sorted(map(_row, rows), key=lambda op: (op.created_at, op.id))
         # SQLite has one writer at a time: a poll that finds nothing due takes no write lock.
         with self.engine.connect().execution_options(**READONLY) as conn:
-            due = conn.execute(_DUE, {**keys, "k_limit": limit + len(exclude)}).scalars()
-            candidates = [op_id for op_id in due if op_id not in exclude][:limit]
+            due = direct_rows(conn, _DUE, {**keys, "k_limit": limit + len(exclude)})
+            candidates = [op_id for (op_id,) in due if op_id not in exclude][:limit]
         if not candidates:
             return []
         # One guarded UPDATE takes every candidate still free (each row's condition is checked
@@ -392,8 +394,8 @@ class Operations:
     def state_in(self, conn: Connection, op_id: str) -> str | None:
         """The operation's state, inside a transaction the caller holds; None if there is no
         such operation (a check that it is still active, without decoding the rest)."""
-        state: str | None = conn.execute(_STATE, {"k_id": op_id}).scalar()
-        return state
+        rows = direct_rows(conn, _STATE, {"k_id": op_id})
+        return str(rows[0][0]) if rows else None
 
     def states_in(self, conn: Connection, op_ids: list[str]) -> dict[str, str]:
         """`state_in` of each of `op_ids` in one statement; an id with no operation is left
@@ -404,13 +406,12 @@ class Operations:
 
     def find_in(self, conn: Connection, op_id: str) -> Operation | None:
         """`find` inside a transaction the caller holds."""
-        row = conn.execute(_FIND, {"k_id": op_id}).first()
-        return None if row is None else _row(row)
+        rows = direct_rows(conn, _FIND, {"k_id": op_id})
+        return _row(rows[0]) if rows else None
 
     def find(self, op_id: str) -> Operation | None:
         with self.engine.connect().execution_options(**READONLY) as conn:
-            row = conn.execute(_FIND, {"k_id": op_id}).first()
-        return None if row is None else _row(row)
+            return self.find_in(conn, op_id)
 
     def active(self, *, instance_id: str | None = None, host: str | None = None) -> list[Operation]:
         """Unfinished operations, oldest first, of an instance or of a host."""
@@ -427,7 +428,7 @@ class Operations:
         """(created_at, id, host) of the unfinished clean-ups and deletes, oldest first: what
         the conductor reads at every poll, without decoding every active operation."""
         with self.engine.connect().execution_options(**READONLY) as conn:
-            return [(float(c), str(i), str(h)) for c, i, h in conn.execute(_CLEANUPS)]
+            return [(float(c), str(i), str(h)) for c, i, h in direct_rows(conn, _CLEANUPS, {})]
 
     def of_migration(self, migration_id: str) -> list[Operation]:
         with self.engine.connect().execution_options(**READONLY) as conn:

@@ -23,6 +23,7 @@ from sqlalchemy import Connection, Integer, and_, bindparam, cast, func, literal
 from sqlalchemy.dialects.postgresql import JSONB
 
 from stowage.domain.errors import InvalidSpec, QuotaExceeded
+from stowage.ledger.db import direct_rows
 from stowage.ledger.objects import flush_inserts, group_memo
 from stowage.ledger.schema import objects, server_groups
 from stowage.services import identity_limits
@@ -91,8 +92,8 @@ def _limits_in(
     project = quota_key(project_id)
     user = quota_key(project_id, user_id) if user_id else project
     found = {
-        (row.kind, row.id): row.body
-        for row in conn.execute(_LIMITS, {"project": project, "user": user})
+        (kind, id): body
+        for kind, id, body in direct_rows(conn, _LIMITS, {"project": project, "user": user})
     }
     for key in (("quota_class", "default"), ("quota", project), ("quota", user)):
         raw = found.get(key)
