@@ -27,10 +27,17 @@ from stowage.ledger.schema import objects, operations
 from stowage.services import migrations
 from stowage.services.audit import audit_cloud
 from stowage.services.cloud import Cloud, CloudConfig
-from stowage.services.compute import BuildRequest, build_servers, schedule_builds
+from stowage.services.compute import (
+    BuildRequest,
+    build_servers,
+    delete_server,
+    power_action,
+    rebuild_server,
+    schedule_builds,
+)
 from stowage.services.conductor import Conductor, ConductorConfig
 from stowage.services.groups import create_server_group
-from stowage.virt.sim import SimConfig, SimDriver
+from stowage.virt.sim import FaultKind, SimConfig, SimDriver
 
 HOSTS = ("host1", "host2", "host3")
 SHARED = {**PINNED, "id": "s1", "name": "shared.1", "extra_specs": {}}
@@ -285,6 +292,29 @@ def test_concurrent_creates_in_processes_never_pass_the_quota(tmp_path: Path) ->
             cloud.ledger.close()
 
 
+def test_a_stopped_servers_rebuild_whose_stop_fails_ends_active_not_rebuilding(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """A stopped server's rebuild spawns the new guest, then stops it (Nova keeps it
+    stopped). When that stop fails the guest runs: the server is ACTIVE with no task, as
+    Nova's stop leaves it. It stayed REBUILD for ever (the simulation's seed 6785)."""
+    [doc] = build_servers(cloud, request(1), "req-rebuild")
+    drive(cloud, tmp_path, lambda: statuses(cloud) == ["ACTIVE"])
+    power_action(cloud, doc["id"], "os-stop", is_admin=False)
+    drive(cloud, tmp_path, lambda: statuses(cloud) == ["SHUTOFF"])
+    host = cloud.objects.get("instance", doc["id"]).body["host"]
+    _HYPERVISORS[(str(tmp_path), host)].inject("power_off", "stop", FaultKind.FAIL)
+
+    rebuild_server(cloud, doc["id"], "img", None)
+    assert statuses(cloud) == ["REBUILD"]
+    running = drive(cloud, tmp_path, lambda: not open_work(cloud))
+
+    body = cloud.objects.get("instance", doc["id"]).body
+    assert (body["status"], body["vm_state"], body["task_state"]) == ("ACTIVE", "active", None)
+    assert body["power_state"] == 1 and running[host] == [doc["id"]]
+    assert audit_cloud(cloud.ledger, stale_after_s=0) == []
+
+
 # -- moves --------------------------------------------------------------------------------
 
 
@@ -332,6 +362,33 @@ def test_a_move_whose_api_died_after_its_commit_is_driven_to_the_end(
     record = cloud.objects.get("migration", started.migration_id).body
     assert record["status"] == "completed"
     assert cloud.objects.get("instance", vm).body["host"] == record["dest_compute"] != "host1"
+    assert audit_cloud(cloud.ledger, stale_after_s=0) == []
+
+
+def test_a_move_its_delete_failed_before_a_destination_is_never_revived(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """A delete ends a move that holds no destination yet in a commit of its own, then fails
+    the move's operation in its next. The API died between the two: the conductor scheduled
+    the move anyway and wrote the `failed` migration back to `pre-migrating`, with claims on
+    its destination (the simulation's seed 1581). A migration that ended stays ended."""
+    (vm,) = (d["id"] for d in build_servers(cloud, request(1, force_host="host1"), "req"))
+    drive(cloud, tmp_path, lambda: statuses(cloud) == ["ACTIVE"])
+    started = migrations.move(cloud, vm, "migration", user_id="u", project_id="p")
+    assert open_work(cloud) == [("migration", "schedule", "pending")]
+    with crash_at_commit(cloud.ledger.engine, 2), pytest.raises(Crash):
+        delete_server(cloud, vm)
+    assert cloud.objects.get("migration", started.migration_id).body["status"] == "failed"
+
+    drive(cloud, tmp_path, lambda: not open_work(cloud))
+    record = cloud.objects.get("migration", started.migration_id).body
+    assert (record["status"], record.get("dest_compute")) == ("failed", None)
+    body = cloud.objects.get("instance", vm).body
+    assert (body["status"], body["task_state"], body["host"]) == ("ACTIVE", None, "host1")
+    assert audit_cloud(cloud.ledger, stale_after_s=0) == []
+
+    delete_server(cloud, vm)  # the client asks again
+    drive(cloud, tmp_path, lambda: statuses(cloud) == [])
     assert audit_cloud(cloud.ledger, stale_after_s=0) == []
 
 

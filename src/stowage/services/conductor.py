@@ -916,6 +916,11 @@ class Conductor:
             if (body.get("fault") or {}).get("error_code") == "reconcile.missing_instance":
                 body["fault"] = None  # the vanished guest runs again
             state = "done"
+        elif op.kind == "rebuild":
+            # The stop after a stopped server's rebuild failed: the new guest runs (its spawn
+            # answered), so the server is ACTIVE, as Nova's failed stop leaves it, not REBUILD.
+            body.update(status="ACTIVE", vm_state="active", power_state=1, task_state=None)
+            state = "failed"
         else:
             body.update(task_state=None)  # the instance is as it was
             state = "failed"

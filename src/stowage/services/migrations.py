@@ -273,7 +273,15 @@ def schedule_moves(cloud: Cloud, ops: Sequence[Operation]) -> None:
         op = by_migration[claim.consumer_id]
         current = cloud.operations.find_in(conn, op.id)
         doc = cloud.objects.find_in(conn, "migration", claim.consumer_id)
-        if current is None or current.finished or current.step != "schedule" or doc is None:
+        # Ended (a delete fails a move that holds no destination yet before it fails the
+        # move's operation, in a commit of its own): a migration that ended stays ended.
+        if (
+            current is None
+            or current.finished
+            or current.step != "schedule"
+            or doc is None
+            or doc.body.get("status") in ENDED
+        ):
             raise ClaimRefused(f"migration {claim.consumer_id} no longer waits for a destination")
         record = dict(doc.body)
         dest = claimed_host_name(cloud, conn, claim.host_id)
@@ -420,8 +428,9 @@ def _fail_start(cloud: Cloud, op: Operation, reason: str) -> None:
             return  # someone else settled it meanwhile
         record = dict(doc.body)
         instance = cloud.objects.find_in(conn, "instance", record["instance_uuid"])
-        record.update(status="failed", reason=reason)
-        cloud.objects.update_in(conn, "migration", migration_id, record)
+        if record.get("status") not in ENDED:  # else it keeps how and why it ended
+            record.update(status="failed", reason=reason)
+            cloud.objects.update_in(conn, "migration", migration_id, record)
         cloud.operations.advance(conn, op.id, state="failed", result={"error": reason})
         if instance is None:
             return
